@@ -1,0 +1,101 @@
+"""TITO records: the exact token ids in and out of every model call.
+
+The proxy writes one ``CallRecord`` per model call to a ``RecordSink``. The trajectory
+store builds token trees from them; nothing downstream ever re-tokenizes text.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+BranchRole = Literal["main", "sub-agent", "summary"]
+
+
+@dataclass(kw_only=True)
+class CallRecord:
+    """One model call of one session (episode)."""
+
+    session: str
+    """The episode's proxy session id."""
+    call_index: int
+    """0-based order of this call within its session."""
+    branch: str
+    """Branch id within the session; calls extending each other share it."""
+    parent: int | None
+    """``call_index`` of the call whose prompt+output this prompt extends, if any."""
+    role: BranchRole
+    """What the branch is: the main conversation, a sub-agent, or a summary/compaction."""
+    prompt_ids: list[int]
+    """Exact prompt token ids sent to the engine."""
+    output_ids: list[int]
+    """Exact sampled token ids."""
+    output_logprobs: list[float]
+    """Behaviour log-probabilities of ``output_ids`` (same length)."""
+    weight_version: int
+    """Version of the policy weights that sampled this call."""
+    sampling: dict = field(default_factory=dict)
+    """Sampling parameters (temperature, top_p, max_tokens, stop, ...)."""
+    finish_reason: str = "stop"
+    """``stop`` | ``length`` | ``tool_calls`` | ``error``."""
+    timings: dict = field(default_factory=dict)
+    """Seconds spent queued, in prefill and in decode: ``{"queue", "prefill", "decode"}``."""
+    replica: str = ""
+    """Which engine replica served the call (and retries, if any)."""
+    api: str = "openai"
+    """``openai`` | ``anthropic`` | ``passthrough``."""
+    created: float = 0.0
+    """Unix time the call was received."""
+    extra: dict = field(default_factory=dict)
+    """Free-form metadata (e.g. passthrough text traces)."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CallRecord:
+        return cls(**data)
+
+
+class RecordSink(Protocol):
+    """Where the proxy sends records. Must be thread-safe."""
+
+    def write(self, record: CallRecord) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """Appends one JSON line per record; each line is flushed as it is written."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: CallRecord) -> None:
+        line = json.dumps(record.to_dict(), separators=(",", ":")) + "\n"
+        with self._lock:
+            self._fh.write(line)
+            self._fh.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.close()
+
+
+def read_jsonl(path: str | Path) -> list[CallRecord]:
+    """Read records back; a torn last line (a crash mid-write) is ignored."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                out.append(CallRecord.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, TypeError):
+                continue
+    return out

@@ -1,0 +1,1 @@
+"""Installed as gyre_env.trainers."""
