@@ -6,13 +6,20 @@ import argparse
 import sys
 
 
+# Each module defines add_commands(subparsers) and imports its heavy parts inside handlers.
+_COMMAND_MODULES = [
+    "gyre_env.sandbox.cli",
+]
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gyre", description=__doc__)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
-    from gyre_env.sandbox import cli as sandbox_cli
+    import importlib
 
-    sandbox_cli.add_commands(sub)
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module).add_commands(sub)
     return parser
 
 
