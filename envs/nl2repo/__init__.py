@@ -1,0 +1,1 @@
+"""The NL2Repo env family."""
