@@ -1,0 +1,316 @@
+"""A persistent bash shell that runs one command at a time and survives what they do.
+
+Every backend starts a process that is a bash reading commands from its stdin (``bash``
+locally, ``docker exec -i CONTAINER bash`` or ``bwrap ... bash``). Each command is sent
+as one statement that runs it as a background job in its own process group, so:
+
+- the shell is never blocked: a timeout is enforced by sending ``kill -KILL -PGID`` to
+  the same shell, which kills the command and everything it started (bar ``setsid``);
+- ``exit``, ``exec`` and ``cd`` in the command only affect its own subshell; stdin is
+  ``/dev/null``, so a command cannot read (or close) the control stream;
+- a command that kills the shell itself (``kill -9 $$``) is detected by EOF; the shell
+  is started again and the result says ``shell_restarted``.
+
+Output is delimited by per-command random markers written to stdout and stderr after
+the command finishes; bytes are kept up to a limit and the rest counted and dropped, so
+100 MB of output costs the host a bounded amount of memory.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import selectors
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+from gyre_env.sandbox.base import (
+    DEFAULT_OUTPUT_LIMIT,
+    ExecResult,
+    SandboxClosedError,
+    SandboxError,
+)
+
+_TIMEOUT_EXIT = 124
+_READ_CHUNK = 1 << 16
+
+
+def _markers(token: str, rc: str | int) -> str:
+    """Bash that ends a command's output: a stdout marker with the exit code, a stderr one."""
+    return f"printf '\\036GYRE{token}:%d\\n' {rc}; printf '\\036GYRE{token}\\n' >&2"
+
+
+def _marker_bytes(token: str) -> tuple[bytes, bytes]:
+    return f"\x1eGYRE{token}:".encode(), f"\x1eGYRE{token}\n".encode()
+
+
+def shell_quote(text: str) -> str:
+    """Quote for bash with single quotes (no process is spawned to unquote)."""
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def _check_env(env: dict[str, str]) -> None:
+    for key in env:
+        if not key.isidentifier():
+            raise ValueError(f"invalid environment variable name {key!r}")
+
+
+class _Stream:
+    """Collects one stream up to a byte limit and finds a marker in it."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.kept = bytearray()
+        self.tail = b""  # last bytes seen, to find a marker split across reads
+        self.dropped = 0
+
+    def feed(self, data: bytes, marker: bytes) -> int | None:
+        """Add ``data``; return the index in ``data`` where ``marker`` starts, if found."""
+        window = self.tail + data
+        at = window.find(marker)
+        if at >= 0:
+            end_in_data = at - len(self.tail)
+            self._keep(data[: max(end_in_data, 0)])
+            if end_in_data < 0:  # marker started in the tail: un-keep those bytes
+                cut = -end_in_data
+                if len(self.kept) >= cut and self.dropped == 0:
+                    del self.kept[-cut:]
+                else:
+                    self.dropped = max(self.dropped - cut, 0)
+            return max(end_in_data, 0)
+        self._keep(data)
+        self.tail = window[-(len(marker) - 1) :] if len(marker) > 1 else b""
+        return None
+
+    def _keep(self, data: bytes) -> None:
+        room = self.limit - len(self.kept)
+        if room > 0:
+            self.kept += data[:room]
+        self.dropped += max(len(data) - max(room, 0), 0)
+
+    def text(self) -> str:
+        return self.kept.decode("utf-8", errors="replace")
+
+
+class PersistentShell:
+    """One long-lived bash process behind ``argv``; ``run`` is thread-safe (serialised)."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        workdir: str,
+        env: dict[str, str] | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+        kill_hook: Callable[[], None] | None = None,
+        start_timeout: float = 60.0,
+        popen_kwargs: dict | None = None,
+    ):
+        self.argv = argv
+        self.workdir = workdir
+        self.env = dict(env or {})
+        self.output_limit = output_limit
+        self.start_timeout = start_timeout
+        self._popen_kwargs = popen_kwargs or {}
+        self._kill_hook = kill_hook
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._closed = False
+        self.restarts = 0
+        self._start()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self._proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+            **self._popen_kwargs,
+        )
+        for stream in (self._proc.stdout, self._proc.stderr):
+            os.set_blocking(stream.fileno(), False)
+        # Job control gives each background job its own process group.
+        result = self._run_locked("set -m; true", timeout=self.start_timeout, raw=True)
+        if result.exit_code != 0:
+            raise SandboxError(f"sandbox shell did not start: {result.stderr.strip()[:500]}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._stop_process()
+
+    def _stop_process(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._proc is not None and self._proc.poll() is None
+
+    # -- commands ----------------------------------------------------------------------
+
+    def run(
+        self,
+        cmd: str,
+        timeout: float = 60.0,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        output_limit: int | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` with bash; ``output_limit`` overrides the per-stream byte limit."""
+        env = {**self.env, **(env or {})}
+        _check_env(env)
+        exports = "".join(f"export {k}={shell_quote(v)}; " for k, v in env.items())
+        where = shell_quote(cwd or self.workdir)
+        body = f"{exports}cd -- {where} && eval {shell_quote(cmd)}"
+        with self._lock:
+            if self._closed:
+                raise SandboxClosedError("sandbox is closed")
+            restarted = self._proc is None or self._proc.poll() is not None
+            if restarted:  # the previous command ended the shell (e.g. `kill -9 $$`)
+                self._restart()
+            result = self._run_locked(body, timeout=timeout, limit=output_limit)
+            if restarted:
+                result.shell_restarted = True
+                result.stderr += (
+                    "[gyre] the previous command ended the sandbox's shell; a new one was started\n"
+                )
+            return result
+
+    def _restart(self) -> None:
+        self._stop_process()
+        self.restarts += 1
+        self._start()
+
+    def _run_locked(
+        self, body: str, timeout: float, raw: bool = False, limit: int | None = None
+    ) -> ExecResult:
+        token = secrets.token_hex(8)
+        if raw:
+            stmt = f"{body}\n{_markers(token, '$?')}\n"
+        else:
+            stmt = (
+                f"( ( {body} ) </dev/null; __gyre_rc=$?; {_markers(token, '$__gyre_rc')} ) "
+                f"& disown\n"
+            )
+        start = time.monotonic()
+        try:
+            self._proc.stdin.write(stmt.encode())
+        except (BrokenPipeError, OSError, AttributeError):
+            return self._shell_died(start, _Stream(1), _Stream(1))
+        return self._collect(token, start, timeout, limit or self.output_limit)
+
+    def _collect(self, token: str, start: float, timeout: float, limit: int) -> ExecResult:
+        out, err = _Stream(limit), _Stream(limit)
+        out_marker, err_marker = _marker_bytes(token)
+        after = None  # bytes after the stdout marker, until the exit code's newline
+        err_done = False
+        timed_out = False
+        sel = selectors.DefaultSelector()
+        sel.register(self._proc.stdout, selectors.EVENT_READ, "out")
+        sel.register(self._proc.stderr, selectors.EVENT_READ, "err")
+        try:
+            while after is None or b"\n" not in after or not err_done:
+                remaining = start + timeout - time.monotonic()
+                if remaining <= 0:
+                    if timed_out:  # no answer even after the kill: start a fresh shell
+                        self._restart()
+                        return self._result(-9, out, err, start, timed_out=True, restarted=True)
+                    timed_out, timeout = True, timeout + 10.0
+                    # The job is the shell's last background job and leads its own process
+                    # group; kill the group, then wait for fresh markers from the shell.
+                    token = secrets.token_hex(8)
+                    out_marker, err_marker = _marker_bytes(token)
+                    after, err_done = None, False
+                    kill = f"kill -KILL -$! 2>/dev/null; {_markers(token, _TIMEOUT_EXIT)}\n"
+                    try:
+                        self._proc.stdin.write(kill.encode())
+                    except OSError:
+                        return self._shell_died(start, out, err, timed_out)
+                    continue
+                for key, _ in sel.select(timeout=min(remaining, 1.0)):
+                    try:
+                        data = key.fileobj.read(_READ_CHUNK)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    if not data:
+                        return self._shell_died(start, out, err, timed_out)
+                    if key.data == "err":
+                        err_done = err_done or err.feed(data, err_marker) is not None
+                    elif after is not None:
+                        after += data
+                    else:
+                        at = out.feed(data, out_marker)
+                        if at is not None:
+                            after = data[at + len(out_marker) :]
+        finally:
+            sel.close()
+        try:
+            exit_code = int(after.split(b"\n", 1)[0])
+        except ValueError:
+            exit_code = -1
+        return self._result(exit_code, out, err, start, timed_out=timed_out)
+
+    def _result(self, code, out, err, start, timed_out=False, restarted=False) -> ExecResult:
+        stderr = err.text()
+        if timed_out:
+            stderr += "\n[gyre] command timed out and was killed\n"
+        if out.dropped or err.dropped:
+            stderr += (
+                f"\n[gyre] output truncated: {out.dropped} bytes of stdout and "
+                f"{err.dropped} bytes of stderr dropped (limit {out.limit} each)\n"
+            )
+        return ExecResult(
+            exit_code=code,
+            stdout=out.text(),
+            stderr=stderr,
+            duration_s=time.monotonic() - start,
+            timed_out=timed_out,
+            truncated=bool(out.dropped or err.dropped),
+            shell_restarted=restarted,
+            oom_killed=False,
+        )
+
+    def _kill_job(self, pgid: int | None) -> None:
+        if pgid is not None:
+            try:
+                self._proc.stdin.write(f"kill -KILL -{pgid} 2>/dev/null\n".encode())
+                return
+            except OSError:
+                pass
+        if self._kill_hook is not None:
+            self._kill_hook()
+
+    def _shell_died(self, start, out, err, timed_out=False) -> ExecResult:
+        """The shell exited mid-command (the command killed it, or the sandbox died)."""
+        code = self._proc.poll() if self._proc else None
+        self._stop_process()
+        try:
+            self._restart()
+        except (SandboxError, OSError) as e:
+            raise SandboxError(
+                f"the sandbox's shell died (exit {code}) and could not be restarted: {e}"
+            ) from e
+        result = self._result(
+            128 + 9 if code is None or code < 0 else code, out, err, start, timed_out
+        )
+        result.shell_restarted = True
+        result.stderr += "\n[gyre] the command ended the sandbox's shell; a new shell was started\n"
+        return result
