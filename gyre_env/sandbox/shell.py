@@ -118,6 +118,7 @@ class PersistentShell:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._closed = False
+        self._starting = False
         self.restarts = 0
         self._start()
 
@@ -135,7 +136,11 @@ class PersistentShell:
         for stream in (self._proc.stdout, self._proc.stderr):
             os.set_blocking(stream.fileno(), False)
         # Job control gives each background job its own process group.
-        result = self._run_locked("set -m; true", timeout=self.start_timeout, raw=True)
+        self._starting = True
+        try:
+            result = self._run_locked("set -m; true", timeout=self.start_timeout, raw=True)
+        finally:
+            self._starting = False
         if result.exit_code != 0:
             raise SandboxError(f"sandbox shell did not start: {result.stderr.strip()[:500]}")
 
@@ -301,6 +306,10 @@ class PersistentShell:
     def _shell_died(self, start, out, err, timed_out=False) -> ExecResult:
         """The shell exited mid-command (the command killed it, or the sandbox died)."""
         code = self._proc.poll() if self._proc else None
+        if self._starting:
+            err_text = err.text().strip()[:500]
+            self._stop_process()
+            raise SandboxError(f"the sandbox's shell could not start (exit {code}): {err_text}")
         self._stop_process()
         try:
             self._restart()

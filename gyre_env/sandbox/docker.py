@@ -1,0 +1,258 @@
+"""DockerSandbox: one container per episode, driven through one persistent shell.
+
+Covers: the container's own filesystem, pid, IPC and network namespaces (network
+``none`` by default, so only loopback exists inside); memory (no swap), CPU and pids
+limits from cgroups; ``init=True`` so orphans are reaped; labels naming the owner
+process, creation time and TTL so ``reap()`` can remove leaked containers. Does not
+cover: kernel exploits or a daemon shared with untrusted users.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import threading
+import uuid
+
+from gyre_env._optional import require
+from gyre_env.sandbox import lifecycle, route
+from gyre_env.sandbox.base import (
+    WORKSPACE,
+    ExecResult,
+    SandboxClosedError,
+    SandboxConfig,
+    SandboxError,
+)
+from gyre_env.sandbox.files import ShellFileOps
+from gyre_env.sandbox.shell import PersistentShell
+
+log = logging.getLogger(__name__)
+
+LABEL_KIND = "gyre.sandbox"
+MOUNTS_LABEL = "gyre.host_mounts"  # JSON [[host, container], ...] read-only binds an image needs
+_client = None
+_client_lock = threading.Lock()
+_reaped = False
+
+
+def docker_client():
+    """The shared docker SDK client (thread-safe; created on first use)."""
+    global _client
+    with _client_lock:
+        if _client is None:
+            docker = require("docker", "the Docker sandbox")
+            _client = docker.from_env(timeout=120)
+        return _client
+
+
+def daemon_available() -> bool:
+    try:
+        docker_client().ping()
+        return True
+    except Exception:
+        return False
+
+
+class DockerSandbox(ShellFileOps):
+    """A container started from ``config.image`` with a persistent ``docker exec`` shell."""
+
+    backend = "docker"
+
+    def __init__(self, config: SandboxConfig | None = None):
+        self.config = config or SandboxConfig()
+        self.workspace = WORKSPACE
+        self.id = f"gyre-{uuid.uuid4().hex[:12]}"
+        self._closed = False
+        self._close_lock = threading.Lock()
+        _reap_once()
+        self.container = self._create()
+        lifecycle.track(self)
+        try:
+            self.shell = PersistentShell(
+                [
+                    _docker_cli(),
+                    "exec",
+                    "-i",
+                    "-w",
+                    WORKSPACE,
+                    self.container.id,
+                    "bash",
+                    "--noprofile",
+                    "--norc",
+                ],
+                workdir=WORKSPACE,
+                env=self.config.env,
+                output_limit=self.config.output_limit,
+                start_timeout=self.config.start_timeout_s,
+            )
+            if self.config.proxy_socket:
+                self._start_forwarder()
+        except BaseException:
+            self.close()
+            raise
+
+    def _create(self):
+        client = docker_client()
+        errors = require("docker.errors", "the Docker sandbox")
+        cfg = self.config
+        try:
+            image = client.images.get(cfg.image)
+        except errors.ImageNotFound as e:
+            raise SandboxError(
+                f"image {cfg.image!r} not found; build it with `gyre images build`"
+            ) from e
+        raw_mounts = (image.labels or {}).get(MOUNTS_LABEL, "[]")
+        try:
+            volumes = {host: {"bind": inside, "mode": "ro"} for host, inside in json.loads(raw_mounts)}
+        except (ValueError, TypeError) as e:
+            raise SandboxError(
+                f"image {cfg.image!r} has a malformed {MOUNTS_LABEL} label {raw_mounts!r}; "
+                "expected JSON [[host, container], ...]"
+            ) from e
+        if cfg.proxy_socket:
+            host_dir, inside = route.socket_mount(cfg.proxy_socket)
+            volumes[host_dir] = {"bind": inside, "mode": "rw"}
+        try:
+            return client.containers.run(
+                cfg.image,
+                command=["sleep", "infinity"],
+                name=self.id,
+                detach=True,
+                init=True,
+                network_mode="bridge" if cfg.network else "none",
+                mem_limit=f"{cfg.memory_mb}m",
+                memswap_limit=f"{cfg.memory_mb}m",
+                nano_cpus=int(cfg.cpus * 1e9),
+                pids_limit=cfg.pids,
+                working_dir=WORKSPACE,
+                volumes=volumes,
+                labels={LABEL_KIND: "1", **lifecycle.owner_labels(cfg.ttl_s)},
+                auto_remove=False,
+            )
+        except errors.DockerException as e:
+            try:  # `run` creates before it starts: do not leave a created container behind
+                client.containers.get(self.id).remove(force=True)
+            except errors.DockerException:
+                pass
+            raise SandboxError(f"could not start a container from {cfg.image!r}: {e}") from e
+
+    def _start_forwarder(self) -> None:
+        result = self.shell.run(
+            route.start_command(self.config.proxy_socket, self.config.proxy_port)
+        )
+        if result.exit_code != 0:
+            raise SandboxError(f"proxy forwarder did not start: {result.stderr.strip()[:500]}")
+
+    def exec(self, cmd: str, timeout: float = 60.0, cwd: str | None = None, env=None) -> ExecResult:
+        if self._closed:
+            raise SandboxClosedError(f"sandbox {self.id} is closed")
+        before = self._oom_kills()
+        try:
+            result = self.shell.run(cmd, timeout=timeout, cwd=cwd, env=env)
+        except SandboxError as e:
+            raise SandboxError(f"sandbox {self.id} died: {e}") from e
+        if self._oom_kills() > before:
+            result.oom_killed = True
+            result.stderr += "[gyre] killed: the sandbox's memory limit was exceeded\n"
+        return result
+
+    def _oom_kills(self) -> int:
+        """The memory cgroup's OOM-kill counter (cgroup v1 and v2); 0 where unreadable."""
+        cid = self.container.id
+        for path, key in (
+            (f"/sys/fs/cgroup/memory/docker/{cid}/memory.oom_control", "oom_kill"),
+            (f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/memory.events", "oom_kill"),
+            (f"/sys/fs/cgroup/docker/{cid}/memory.events", "oom_kill"),
+        ):
+            try:
+                with open(path) as fh:
+                    for line in fh:
+                        name, _, value = line.partition(" ")
+                        if name == key:
+                            return int(value)
+            except OSError:
+                continue
+        return 0
+
+    def alive(self) -> bool:
+        if self._closed:
+            return False
+        try:
+            self.container.reload()
+            return self.container.status == "running"
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        shell = getattr(self, "shell", None)
+        if shell is not None:
+            shell.close()
+        try:
+            self.container.remove(force=True)
+        except Exception as e:
+            log.debug("container %s already gone: %s", self.id, e)
+
+    def __enter__(self) -> DockerSandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _docker_cli() -> str:
+    cli = shutil.which("docker")
+    if cli is None:
+        raise SandboxError("the `docker` command-line client is needed (apt-get install docker.io)")
+    return cli
+
+
+def reap(dry_run: bool = False) -> list[str]:
+    """Remove Gyre containers whose owner process is gone or whose TTL passed."""
+    removed = []
+    for container in docker_client().containers.list(all=True, filters={"label": LABEL_KIND}):
+        labels = container.labels or {}
+        if lifecycle.owner_gone(labels) or lifecycle.expired(labels):
+            removed.append(container.name)
+            if not dry_run:
+                try:
+                    container.remove(force=True)
+                except Exception as e:
+                    log.debug("could not remove %s: %s", container.name, e)
+    if removed:
+        log.info("reaped %d leaked sandbox container(s): %s", len(removed), removed)
+    return removed
+
+
+def _reap_once() -> None:
+    global _reaped
+    with _client_lock:
+        if _reaped:
+            return
+        _reaped = True
+    try:
+        reap()
+    except Exception as e:
+        log.warning("sandbox reaper failed: %s", e)
+
+
+def docker_exec_once(sandbox: DockerSandbox, cmd: str) -> ExecResult:
+    """One command through a fresh `docker exec` (the baseline the persistent shell beats)."""
+    import time
+
+    start = time.monotonic()
+    proc = subprocess.run(
+        [_docker_cli(), "exec", sandbox.container.id, "bash", "-c", cmd],
+        capture_output=True,
+    )
+    return ExecResult(
+        exit_code=proc.returncode,
+        stdout=proc.stdout.decode(errors="replace"),
+        stderr=proc.stderr.decode(errors="replace"),
+        duration_s=time.monotonic() - start,
+    )
