@@ -105,7 +105,9 @@ class DockerSandbox(ShellFileOps):
             ) from e
         raw_mounts = (image.labels or {}).get(MOUNTS_LABEL, "[]")
         try:
-            volumes = {host: {"bind": inside, "mode": "ro"} for host, inside in json.loads(raw_mounts)}
+            volumes = {
+                host: {"bind": inside, "mode": "ro"} for host, inside in json.loads(raw_mounts)
+            }
         except (ValueError, TypeError) as e:
             raise SandboxError(
                 f"image {cfg.image!r} has a malformed {MOUNTS_LABEL} label {raw_mounts!r}; "

@@ -1,0 +1,257 @@
+"""BwrapSandbox: bubblewrap namespaces, no daemon.
+
+Covers: new pid, network (loopback only), IPC, UTS and user namespaces with all
+capabilities dropped; the host's system folders (``/usr``, ``/etc``, the Python prefix)
+read-only, with ``/etc/shadow`` hidden; a private ``/workspace`` (a host temp folder),
+``/tmp`` and ``/home``; memory and pids limits from a cgroup per sandbox (cgroup v1 or
+v2), or from ``prlimit`` (address space only) where cgroups are not writable. The
+sandbox dies with its owner process (``--die-with-parent``). Does not cover: reading
+world-readable host files under ``/etc`` and ``/usr``, kernel exploits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+
+from gyre_env.sandbox import lifecycle, route
+from gyre_env.sandbox.base import (
+    WORKSPACE,
+    ExecResult,
+    SandboxClosedError,
+    SandboxConfig,
+    SandboxError,
+)
+from gyre_env.sandbox.files import ShellFileOps
+from gyre_env.sandbox.shell import PersistentShell, shell_quote
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+WORKSPACE_PREFIX = "gyre-bwrap-"
+
+
+def bwrap_available() -> bool:
+    return shutil.which("bwrap") is not None
+
+
+class _Cgroup:
+    """A per-sandbox cgroup with pids and memory limits (v1 controllers or unified v2)."""
+
+    def __init__(self, name: str, pids: int, memory_bytes: int):
+        self.dirs: list[Path] = []
+        if (CGROUP_ROOT / "cgroup.controllers").exists():  # v2
+            d = CGROUP_ROOT / "gyre" / name
+            d.mkdir(parents=True)
+            self.dirs = [d]
+            (d / "pids.max").write_text(str(pids))
+            (d / "memory.max").write_text(str(memory_bytes))
+            (d / "memory.swap.max").write_text("0")
+            self.events = d / "memory.events"
+        else:  # v1
+            pdir, mdir = (
+                CGROUP_ROOT / "pids" / "gyre" / name,
+                CGROUP_ROOT / "memory" / "gyre" / name,
+            )
+            pdir.mkdir(parents=True)
+            self.dirs.append(pdir)
+            mdir.mkdir(parents=True)
+            self.dirs.append(mdir)
+            (pdir / "pids.max").write_text(str(pids))
+            (mdir / "memory.limit_in_bytes").write_text(str(memory_bytes))
+            try:
+                (mdir / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+            except OSError:
+                pass  # no swap accounting
+            self.events = mdir / "memory.oom_control"
+
+    def enter_prefix(self) -> list[str]:
+        """argv prefix that moves the process into this cgroup, then execs the rest."""
+        moves = "; ".join(f"echo $$ > {shell_quote(str(d / 'cgroup.procs'))}" for d in self.dirs)
+        return ["sh", "-c", f'{moves}; exec "$@"', "gyre-cgroup"]
+
+    def oom_kills(self) -> int:
+        try:
+            for line in self.events.read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+        except OSError:
+            pass
+        return 0
+
+    def destroy(self) -> None:
+        for d in self.dirs:
+            try:
+                for pid in (d / "cgroup.procs").read_text().split():
+                    try:
+                        os.kill(int(pid), 9)
+                    except ProcessLookupError:
+                        pass
+                d.rmdir()
+            except OSError:
+                pass
+
+
+def _try_cgroup(name: str, config: SandboxConfig) -> _Cgroup | None:
+    try:
+        return _Cgroup(name, config.pids, config.memory_mb << 20)
+    except OSError as e:
+        log.warning("cgroups not writable (%s): bubblewrap limits fall back to prlimit", e)
+        return None
+
+
+class BwrapSandbox(ShellFileOps):
+    """A bubblewrap sandbox around a persistent bash."""
+
+    backend = "bwrap"
+
+    def __init__(self, config: SandboxConfig | None = None):
+        if not bwrap_available():
+            raise SandboxError("bubblewrap is not installed (apt-get install bubblewrap)")
+        self.config = config or SandboxConfig()
+        self.id = f"gyre-bwrap-{uuid.uuid4().hex[:12]}"
+        self.workspace = WORKSPACE
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self.host_dir = tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{os.getpid()}-")
+        os.makedirs(os.path.join(self.host_dir, "workspace"))
+        self.cgroup = _try_cgroup(self.id, self.config)
+        lifecycle.track(self)
+        try:
+            self.shell = PersistentShell(
+                self._argv(),
+                workdir=WORKSPACE,
+                env=self.config.env,
+                output_limit=self.config.output_limit,
+                start_timeout=self.config.start_timeout_s,
+            )
+            if self.config.proxy_socket:
+                self._start_forwarder()
+        except BaseException:
+            self.close()
+            raise
+
+    def _argv(self) -> list[str]:
+        cfg = self.config
+        prefix = os.path.realpath(sys.base_prefix)
+        path = f"{prefix}/bin:/usr/local/bin:/usr/bin:/bin"
+        argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+        if cfg.network:
+            argv.append("--share-net")
+        argv += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        for link in ("bin", "lib", "lib64", "sbin"):
+            target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
+            if target:
+                argv += ["--symlink", target, f"/{link}"]
+            elif os.path.isdir(f"/{link}"):
+                argv += ["--ro-bind", f"/{link}", f"/{link}"]
+        for secret in ("/etc/shadow", "/etc/gshadow"):
+            if os.path.exists(secret):
+                argv += ["--ro-bind", "/dev/null", secret]
+        if not prefix.startswith("/usr/"):
+            argv += ["--ro-bind", prefix, prefix]
+        argv += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "--dir",
+            "/home/sandbox",
+            "--bind",
+            os.path.join(self.host_dir, "workspace"),
+            WORKSPACE,
+            "--chdir",
+            WORKSPACE,
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            path,
+            "--setenv",
+            "HOME",
+            "/home/sandbox",
+            "--setenv",
+            "LANG",
+            "C.UTF-8",
+            "--setenv",
+            "PYTHONUSERBASE",
+            "/home/sandbox/.local",
+        ]
+        if cfg.proxy_socket:
+            host_dir, inside = route.socket_mount(cfg.proxy_socket)
+            argv += ["--bind", host_dir, inside]
+        argv += ["bash", "--noprofile", "--norc"]
+        if self.cgroup is not None:
+            return self.cgroup.enter_prefix() + argv
+        return ["prlimit", f"--as={cfg.memory_mb << 20}", "--"] + argv
+
+    def _start_forwarder(self) -> None:
+        result = self.shell.run(
+            route.start_command(self.config.proxy_socket, self.config.proxy_port)
+        )
+        if result.exit_code != 0:
+            raise SandboxError(f"proxy forwarder did not start: {result.stderr.strip()[:500]}")
+
+    def exec(self, cmd: str, timeout: float = 60.0, cwd: str | None = None, env=None) -> ExecResult:
+        if self._closed:
+            raise SandboxClosedError(f"sandbox {self.id} is closed")
+        before = self.cgroup.oom_kills() if self.cgroup else 0
+        result = self.shell.run(cmd, timeout=timeout, cwd=cwd, env=env)
+        if self.cgroup is not None and self.cgroup.oom_kills() > before:
+            result.oom_killed = True
+            result.stderr += "[gyre] killed: the sandbox's memory limit was exceeded\n"
+        return result
+
+    def alive(self) -> bool:
+        return not self._closed and self.shell.alive
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        shell = getattr(self, "shell", None)
+        if shell is not None:
+            shell.close()
+        if self.cgroup is not None:
+            self.cgroup.destroy()
+        shutil.rmtree(self.host_dir, ignore_errors=True)
+
+    def __enter__(self) -> BwrapSandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def reap(dry_run: bool = False) -> list[str]:
+    """Remove workspaces and cgroups left by bubblewrap sandboxes whose owner died."""
+    removed = []
+    tmp = Path(tempfile.gettempdir())
+    for d in tmp.glob(f"{WORKSPACE_PREFIX}*"):
+        try:
+            pid = int(d.name[len(WORKSPACE_PREFIX) :].split("-")[0])
+        except ValueError:
+            continue
+        if lifecycle.process_start_time(pid):
+            continue
+        removed.append(str(d))
+        if not dry_run:
+            shutil.rmtree(d, ignore_errors=True)
+    for parent in (CGROUP_ROOT / "gyre", CGROUP_ROOT / "pids/gyre", CGROUP_ROOT / "memory/gyre"):
+        for d in parent.glob("gyre-bwrap-*") if parent.is_dir() else ():
+            try:
+                if not (d / "cgroup.procs").read_text().strip() and not dry_run:
+                    d.rmdir()
+                    removed.append(str(d))
+            except OSError:
+                continue
+    return removed
