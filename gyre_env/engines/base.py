@@ -20,6 +20,10 @@ class EnginePausedError(EngineError):
     """The engine is paused or switching role and accepts no new requests right now."""
 
 
+class ContextLengthError(EngineError, ValueError):
+    """The prompt leaves no room for a single new token within the engine's context length."""
+
+
 @dataclass(kw_only=True)
 class SamplingParams:
     """How to sample. Documented fields only; unknown keys are rejected by the proxy."""
@@ -67,7 +71,9 @@ class Engine(Protocol):
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult: ...
 
-    def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenChunk]: ...
+    def stream(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenChunk]: ...
 
     async def pause(self) -> None:
         """Stop accepting new requests; in-flight ones finish."""

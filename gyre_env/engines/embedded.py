@@ -1,0 +1,515 @@
+"""EmbeddedEngine: a transformers causal LM served in-process, with continuous batching.
+
+The default engine: it loads any local Hugging Face model folder (the built-in tiny model
+when none is given), runs on CPU by default and on CUDA when present, and decodes
+concurrent requests together. One background thread owns the model: it admits queued
+requests (prefilling each alone, then merging its KV cache into the running batch, see
+``kv_batch``), decodes one token for every running row per step, and hands tokens to each
+request's asyncio queue. Greedy outputs of a request are the same whether it ran alone or
+batched (up to float rounding, far below the tiny model's logit gaps).
+
+Semantics the proxy relies on:
+
+- ``pause()``: new requests raise ``EnginePausedError`` at once (the proxy's router waits
+  and retries); requests already accepted, running or queued, finish.
+- ``update_weights()`` / ``release_memory()`` wait until accepted requests have finished
+  (new ones queue meanwhile, as SGLang's update lock does), so every request is sampled
+  by exactly one weight version: the one in its result.
+- ``release_memory()`` implies ``pause()``; ``resume_memory()`` reloads the weights and
+  undoes that implied pause (an explicit earlier ``pause()`` stays in force).
+- A prompt that leaves no room for one new token raises ``ContextLengthError``; generation
+  stops with ``finish_reason="length"`` at ``max_new_tokens`` or at the context length.
+- Logprobs follow ``sampling`` (temperature-scaled, before top-p/top-k truncation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import gc
+import inspect
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gyre_env._optional import require
+from gyre_env.engines.base import (
+    ContextLengthError,
+    EngineError,
+    EnginePausedError,
+    GenerateResult,
+    SamplingParams,
+    TokenChunk,
+)
+from gyre_env.engines.kv_batch import KVBatch, cache_is_mergeable, new_cache
+from gyre_env.engines.sampling import make_generator, sample_rows, validate_params
+
+
+@dataclass(kw_only=True)
+class EmbeddedEngineConfig:
+    """How to load and serve the model."""
+
+    model_path: str | None = None
+    """A local Hugging Face model folder; None uses the built-in tiny model."""
+    name: str = "embedded"
+    """Replica name shown in records, health and metrics."""
+    device: str = "auto"
+    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    dtype: str = "auto"
+    """``auto`` (float32 on CPU; the checkpoint's dtype on CUDA), ``float32``, ``bfloat16``, ``float16``."""
+    max_batch_size: int = 16
+    """Most sequences decoded together; 1 disables batching."""
+    context_length: int | None = None
+    """Prompt + output limit in tokens; None uses the model's ``max_position_embeddings``."""
+    prefill_chunk_tokens: int = 4096
+    """Prompts are prefilled in chunks of this many tokens to bound activation memory."""
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    max_new: int
+    generator: object = None
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    cancelled: bool = False
+    weight_version: int = 0
+    submitted: float = field(default_factory=time.perf_counter)
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_started: float = 0.0
+    decode_s: float = 0.0
+
+
+_DONE = object()  # queue sentinel: the request finished (its last chunk carried the reason)
+
+
+class EmbeddedEngine:
+    """The Engine protocol over an in-process transformers model (see the module docstring)."""
+
+    def __init__(self, config: EmbeddedEngineConfig | None = None, **overrides):
+        if config is not None and overrides:
+            raise TypeError("pass either an EmbeddedEngineConfig or keyword overrides, not both")
+        self.config = config or EmbeddedEngineConfig(**overrides)
+        if self.config.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.config.max_batch_size}")
+        self._torch = require("torch", "the embedded engine")
+        require("transformers", "the embedded engine")
+        self.name = self.config.name
+        self.model_path = self._resolve_path(self.config.model_path)
+        self.device = self._resolve_device(self.config.device)
+        self._model = self._load(self.model_path)
+        model_cfg = self._model.config
+        self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
+        max_pos = getattr(model_cfg, "max_position_embeddings", None)
+        self.context_length = int(self.config.context_length or max_pos or 4096)
+        mergeable = cache_is_mergeable(model_cfg)
+        self._max_batch = self.config.max_batch_size if mergeable else 1
+        self._weight_version = 0
+        self._paused = False
+        self._pause_implied = False
+        self._released = False
+        self._kept_state: dict | None = None  # weights to restore on resume_memory
+        self._cond = threading.Condition()
+        self._pending: collections.deque[_Request] = collections.deque()
+        self._control: collections.deque = collections.deque()
+        self._batch = KVBatch()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name=f"gyre-{self.name}", daemon=True)
+        self._worker.start()
+
+    # ---------------------------------------------------------------- loading
+
+    @staticmethod
+    def _resolve_path(path: str | None) -> Path:
+        if path is None:
+            from gyre_env.engines.tiny import tiny_model_path
+
+            return tiny_model_path()
+        folder = Path(path).expanduser()
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"not a Hugging Face model folder (no config.json): {folder}")
+        return folder
+
+    def _resolve_device(self, device: str):
+        torch = self._torch
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but CUDA is not available")
+        if device != "cpu" and not device.startswith("cuda"):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
+        return torch.device(device)
+
+    def _dtype(self):
+        torch = self._torch
+        choices = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        if self.config.dtype == "auto":
+            return torch.float32 if self.device.type == "cpu" else "auto"
+        if self.config.dtype not in choices:
+            raise ValueError(
+                f"dtype must be auto or one of {sorted(choices)}, got {self.config.dtype!r}"
+            )
+        return choices[self.config.dtype]
+
+    def _load(self, folder: Path):
+        transformers = require("transformers", "the embedded engine")
+        hf_logging = transformers.utils.logging
+        bar_was_on = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(folder), dtype=self._dtype()
+            )
+        except Exception as e:
+            raise EngineError(f"cannot load model from {folder}: {e}") from e
+        finally:
+            if bar_was_on:
+                hf_logging.enable_progress_bar()
+        model = model.to(self.device).eval()
+        params = inspect.signature(model.forward).parameters
+        # transformers >= 5.2x names the cache argument `cache`; older ones `past_key_values`
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._keep_arg = "logits_to_keep" in params
+        return model
+
+    # ---------------------------------------------------------------- public API
+
+    @property
+    def weight_version(self) -> int:
+        return self._weight_version
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
+        req = self._submit(prompt_ids, params)
+        finish = "abort"
+        try:
+            while (item := await req.queue.get()) is not _DONE:
+                if isinstance(item, BaseException):
+                    raise item
+                finish = item.finish_reason
+        finally:
+            req.cancelled = True  # no-op when finished; aborts it when the caller went away
+        return GenerateResult(
+            output_ids=list(req.output_ids),
+            output_logprobs=list(req.output_logprobs),
+            finish_reason=finish,
+            weight_version=req.weight_version,
+            prefill_s=req.prefill_s,
+            decode_s=req.decode_s,
+        )
+
+    async def stream(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenChunk]:
+        """Yield one chunk per sampled token; the last one carries ``finish_reason``."""
+        req = self._submit(prompt_ids, params)
+        try:
+            while (item := await req.queue.get()) is not _DONE:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            req.cancelled = True
+
+    async def pause(self) -> None:
+        with self._cond:
+            self._paused = True
+            self._pause_implied = False
+
+    async def resume(self) -> None:
+        with self._cond:
+            if self._released:
+                raise EngineError(f"{self.name}: memory is released; call resume_memory() first")
+            self._paused = False
+            self._pause_implied = False
+
+    async def release_memory(self) -> None:
+        """Pause, wait for accepted requests to finish, then drop the weights."""
+        with self._cond:
+            if self._released:
+                return
+            if not self._paused:
+                self._paused, self._pause_implied = True, True
+        await self._run_control(self._do_release, drain_pending=True)
+
+    async def resume_memory(self) -> None:
+        if not self._released:
+            return
+        await self._run_control(self._do_resume_memory, drain_pending=False)
+        with self._cond:
+            if self._pause_implied:
+                self._paused, self._pause_implied = False, False
+
+    async def update_weights(self, source: object, version: int) -> None:
+        """Load weights from a state dict, a model folder or an ``nn.Module``; set ``version``.
+
+        Waits for accepted requests to finish first; requests arriving meanwhile queue.
+        """
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise TypeError(f"version must be an int, got {version!r}")
+        if self._released:
+            raise EngineError(f"{self.name}: memory is released; call resume_memory() first")
+        await self._run_control(lambda: self._do_update(source, version), drain_pending=False)
+
+    async def health(self) -> dict:
+        with self._cond:
+            status = "released" if self._released else "paused" if self._paused else "ok"
+            return {
+                "name": self.name,
+                "status": status,
+                "alive": self._worker.is_alive() and not self._closed,
+                "weight_version": self._weight_version,
+                "running": len(self._batch),
+                "queued": len(self._pending),
+                "device": str(self.device),
+                "context_length": self.context_length,
+                "max_batch_size": self._max_batch,
+                "model_path": str(self.model_path),
+            }
+
+    def close(self) -> None:
+        """Stop the worker; requests not yet finished fail with EngineError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._worker.join(timeout=30)
+
+    # ---------------------------------------------------------------- submission
+
+    def _submit(self, prompt_ids: list[int], params: SamplingParams) -> _Request:
+        validate_params(params)
+        self._validate_prompt(prompt_ids)
+        room = self.context_length - len(prompt_ids)
+        if room < 1:
+            raise ContextLengthError(
+                f"prompt has {len(prompt_ids)} tokens; {self.name} has a context of "
+                f"{self.context_length}, leaving no room for output"
+            )
+        req = _Request(
+            prompt_ids=list(prompt_ids),
+            params=params,
+            loop=asyncio.get_running_loop(),
+            queue=asyncio.Queue(),
+            max_new=min(params.max_new_tokens, room),
+        )
+        with self._cond:
+            if self._closed:
+                raise EngineError(f"{self.name} is closed")
+            if self._paused:
+                raise EnginePausedError(f"{self.name} is paused")
+            self._pending.append(req)
+            self._cond.notify_all()
+        return req
+
+    def _validate_prompt(self, prompt_ids: list[int]) -> None:
+        if not isinstance(prompt_ids, list | tuple) or not prompt_ids:
+            raise ValueError("prompt_ids must be a non-empty list of token ids")
+        for i, t in enumerate(prompt_ids):
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size:
+                raise ValueError(
+                    f"prompt_ids[{i}] = {t!r} is not a token id in [0, {self.vocab_size})"
+                )
+
+    async def _run_control(self, fn: Callable[[], None], drain_pending: bool) -> None:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._closed:
+                raise EngineError(f"{self.name} is closed")
+            self._control.append((fn, future, drain_pending))
+            self._cond.notify_all()
+        await asyncio.wrap_future(future)
+
+    # ---------------------------------------------------------------- worker thread
+
+    def _run(self) -> None:
+        torch = self._torch
+        with torch.inference_mode():
+            while True:
+                with self._cond:
+                    while not self._has_work():
+                        self._cond.wait()
+                    if self._closed:
+                        break
+                    control, admit = self._next_work()
+                if control is not None:
+                    self._run_control_item(*control)
+                    continue
+                try:
+                    for req in admit:
+                        self._prefill(req)
+                    if self._batch.rows:
+                        self._decode_step()
+                except Exception as e:  # noqa: BLE001 - fail the requests, keep serving
+                    self._fail_all(EngineError(f"{self.name} failed: {type(e).__name__}: {e}"))
+        self._fail_all(EngineError(f"{self.name} is closed"))
+
+    def _has_work(self) -> bool:
+        return bool(self._closed or self._batch.rows or self._control or self._pending)
+
+    def _next_work(self) -> tuple[tuple | None, list[_Request]]:
+        """Under the lock: a control action to run now, or the requests to prefill now.
+
+        A waiting control action first lets the running batch finish (admitting nothing
+        new), or, when it drains the queue too (release), everything accepted so far.
+        """
+        if self._control:
+            _, _, drain_pending = self._control[0]
+            if not self._batch.rows and not (drain_pending and self._pending):
+                fn, future, _ = self._control.popleft()
+                return (fn, future), []
+            if not drain_pending:
+                return None, []
+        admit = []
+        while self._pending and len(self._batch) + len(admit) < self._max_batch:
+            req = self._pending.popleft()
+            if not req.cancelled:
+                admit.append(req)
+        return None, admit
+
+    def _run_control_item(self, fn, future) -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting caller
+            future.set_exception(e)
+        else:
+            future.set_result(None)
+
+    def _prefill(self, req: _Request) -> None:
+        torch = self._torch
+        start = time.perf_counter()
+        req.queue_s = start - req.submitted
+        req.generator = make_generator(req.params, self.device)
+        req.weight_version = self._weight_version
+        cache = new_cache(self._model.config)
+        ids = torch.tensor([req.prompt_ids], device=self.device)  # [1, prompt]
+        chunk = max(1, self.config.prefill_chunk_tokens)
+        kwargs = {self._cache_arg: cache, "use_cache": True}
+        if self._keep_arg:
+            kwargs["logits_to_keep"] = 1  # a 128k prompt needs only its last position's logits
+        for lo in range(0, ids.shape[1], chunk):
+            out = self._model(input_ids=ids[:, lo : lo + chunk], **kwargs)
+        tokens, logprobs = sample_rows(out.logits[:, -1, :], [req.params], [req.generator])
+        req.prefill_s = time.perf_counter() - start
+        req.decode_started = time.perf_counter()
+        if self._emit(req, tokens[0], logprobs[0]):
+            self._batch.add(req, cache, len(req.prompt_ids))
+
+    def _decode_step(self) -> None:
+        batch = self._batch
+        live = [i for i, r in enumerate(batch.rows) if not r.cancelled]
+        batch.remove(live)
+        if not batch.rows:
+            return
+        inputs = batch.step_inputs([r.output_ids[-1] for r in batch.rows])
+        out = self._model(**inputs, **{self._cache_arg: batch.cache})
+        tokens, logprobs = sample_rows(
+            out.logits[:, -1, :], [r.params for r in batch.rows], [r.generator for r in batch.rows]
+        )
+        keep = [
+            i
+            for i, (r, t, lp) in enumerate(zip(batch.rows, tokens, logprobs, strict=True))
+            if self._emit(r, t, lp)
+        ]
+        batch.remove(keep)
+
+    def _emit(self, req: _Request, token: int, logprob: float) -> bool:
+        """Record and send one token; returns whether the request goes on."""
+        req.output_ids.append(token)
+        req.output_logprobs.append(logprob)
+        finish = None
+        if token in req.params.stop_token_ids:
+            finish = "stop"
+        elif len(req.output_ids) >= req.max_new:
+            finish = "length"
+        if finish is not None:
+            req.decode_s = time.perf_counter() - req.decode_started
+        chunk = TokenChunk(
+            ids=[token], logprobs=[logprob], finish_reason=finish, weight_version=req.weight_version
+        )
+        self._post(req, chunk)
+        if finish is not None:
+            self._post(req, _DONE)
+        return finish is None and not req.cancelled
+
+    def _post(self, req: _Request, item) -> None:
+        try:
+            req.loop.call_soon_threadsafe(req.queue.put_nowait, item)
+        except RuntimeError:  # the caller's event loop is closed: nobody is listening
+            req.cancelled = True
+
+    def _fail_all(self, error: EngineError) -> None:
+        """Fail running requests (and, once closed, queued ones and control actions)."""
+        with self._cond:
+            victims = list(self._batch.rows)
+            controls = []
+            if self._closed:
+                victims += list(self._pending)
+                controls = list(self._control)
+                self._pending.clear()
+                self._control.clear()
+        self._batch = KVBatch()
+        for req in victims:
+            self._post(req, error)
+        for _, future, _ in controls:
+            future.set_exception(error)
+
+    # ---------------------------------------------------------------- control actions (worker)
+
+    def _do_update(self, source: object, version: int) -> None:
+        torch = self._torch
+        if isinstance(source, str | Path):
+            folder = self._resolve_path(str(source))
+            self._model = None
+            gc.collect()
+            self._model = self._load(folder)
+            self.model_path = folder
+            self._kept_state = None
+        else:
+            if isinstance(source, torch.nn.Module):
+                source = source.state_dict()
+            if not isinstance(source, Mapping):
+                raise TypeError(
+                    "update_weights source must be a state dict, a model folder path or an "
+                    f"nn.Module, got {type(source).__name__}"
+                )
+            self._load_state(source)
+        self._weight_version = version
+
+    def _load_state(self, state: Mapping) -> None:
+        own = self._model.state_dict()
+        unknown = sorted(set(state) - set(own))
+        if unknown:
+            raise ValueError(f"update_weights: unknown parameter names {unknown[:5]}")
+        for name, tensor in state.items():
+            if tuple(tensor.shape) != tuple(own[name].shape):
+                raise ValueError(
+                    f"update_weights: {name} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(own[name].shape)}"
+                )
+        with self._torch.no_grad():
+            for name, tensor in state.items():
+                own[name].copy_(tensor.to(own[name].device, own[name].dtype))
+        self._kept_state = "modified"  # weights differ from model_path: keep them on release
+
+    def _do_release(self) -> None:
+        if self._kept_state is not None:
+            self._kept_state = {
+                k: v.detach().to("cpu", copy=True) for k, v in self._model.state_dict().items()
+            }
+        self._model = None
+        gc.collect()
+        if self.device.type == "cuda":
+            self._torch.cuda.empty_cache()
+        self._released = True
+
+    def _do_resume_memory(self) -> None:
+        self._model = self._load(self.model_path)
+        if isinstance(self._kept_state, dict):
+            self._load_state(self._kept_state)
+        self._released = False
