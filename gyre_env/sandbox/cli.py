@@ -22,11 +22,9 @@ def add_commands(sub) -> None:
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.set_defaults(func=_run)
 
-    images = sub.add_parser("images", help="build the sandbox images the built-in tasks need")
-    isub = images.add_subparsers(dest="images_command", required=True)
-    from gyre_env.sandbox import images as images_mod
+    from gyre_env.sandbox import images
 
-    images_mod.add_build_command(isub)
+    images.add_images_commands(sub)
 
 
 def _gc(args: argparse.Namespace) -> int:
