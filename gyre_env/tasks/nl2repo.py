@@ -1,0 +1,344 @@
+"""Tasks from an NL2RepoBench checkout.
+
+The checkout layout (one folder per task)::
+
+    test_files/<task>/start.md               the spec (some tasks have only
+                                             start.md.download_failed.txt: skipped)
+    test_files/<task>/test_case_count.txt    declared number of test cases
+    test_files/<task>/test_commands.json     e.g. ["pip install -e .", "pytest ... tests"]
+    test_files/<task>/test_files.json        the test paths in the upstream repository
+
+The upstream tests are not in the checkout: ``tests`` points at a folder holding, per
+task, either the upstream source tree (``<tests>/<task>/``) or a source distribution
+(``<tests>/<task>-<version>.tar.gz`` / ``.zip``; names compare case- and
+``-_.``-insensitively), or is a mapping task -> folder or archive. Only the paths named
+in ``test_files.json`` are copied into the task's hidden-test overlay (under
+``cache_dir``), never the upstream implementation.
+
+Dependencies: episodes have no network, so each task's requirements are installed into
+its image at build time. They come from ``<requirements>/<task>.txt`` or
+``test_files/<task>/requirements.txt`` when present, else from the spec's "Core
+Dependency Library Versions" section. ``pip install`` test commands are rewritten to
+``--no-build-isolation --no-deps`` so they work offline against that image.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tarfile
+import tempfile
+import warnings
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+
+from gyre_env.tasks.task import Task, TaskFormatError, list_files
+
+_TOOLING = {"pip", "setuptools", "wheel", "distribute"}
+"""Packages of the image's own tooling: pinning them from a spec would break the image."""
+_ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar", ".zip")
+
+
+class NL2RepoSkipWarning(UserWarning):
+    """A task of the checkout was skipped; the message names it and says why."""
+
+
+def load_nl2repo(
+    checkout: str | Path,
+    tests: str | Path | Mapping[str, str | Path] | None = None,
+    *,
+    requirements: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    only: list[str] | None = None,
+    image_prefix: str = "gyre-nl2repo-",
+    max_steps: int = 400,
+    wall_clock_s: float = 4 * 3600.0,
+    offline_install: bool = True,
+) -> list[Task]:
+    """Load the tasks of an NL2RepoBench checkout (or of its ``test_files`` folder).
+
+    Tasks with no spec or no upstream tests are skipped with an ``NL2RepoSkipWarning``
+    naming them; it is an error when no task at all can be loaded.
+    """
+    root = _test_files_dir(Path(checkout).expanduser())
+    if tests is None:
+        raise TypeError("load_nl2repo needs tests=: a folder or mapping of upstream tests")
+    cache = Path(cache_dir or Path.home() / ".cache" / "gyre" / "nl2repo").expanduser()
+    names = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if only is not None:
+        missing = sorted(set(only) - set(names))
+        if missing:
+            raise KeyError(f"tasks {missing} are not in {root}")
+        names = [n for n in names if n in only]
+    tasks = []
+    for name in names:
+        task_dir = root / name
+        if not (task_dir / "start.md").is_file():
+            why = (
+                "its spec failed to download (only start.md.download_failed.txt)"
+                if (task_dir / "start.md.download_failed.txt").exists()
+                else "it has no start.md"
+            )
+            warnings.warn(f"NL2Repo task {name!r} skipped: {why}", NL2RepoSkipWarning, stacklevel=2)
+            continue
+        source = _tests_source(tests, name)
+        if source is None:
+            warnings.warn(
+                f"NL2Repo task {name!r} skipped: no upstream tests for it in {tests}",
+                NL2RepoSkipWarning,
+                stacklevel=2,
+            )
+            continue
+        tasks.append(
+            _load_one(
+                task_dir,
+                source,
+                cache / name,
+                requirements,
+                image=f"{image_prefix}{_slug(name)}:latest",
+                max_steps=max_steps,
+                wall_clock_s=wall_clock_s,
+                offline_install=offline_install,
+            )
+        )
+    if not tasks:
+        raise TaskFormatError(f"{root}: no NL2Repo task could be loaded (see the warnings)")
+    return tasks
+
+
+def _test_files_dir(checkout: Path) -> Path:
+    for candidate in (checkout / "test_files", checkout):
+        if candidate.is_dir() and any(
+            (p / "test_commands.json").is_file() for p in candidate.iterdir() if p.is_dir()
+        ):
+            return candidate
+    raise TaskFormatError(f"{checkout}: not an NL2RepoBench checkout (no test_files/<task>/)")
+
+
+def _load_one(
+    task_dir: Path,
+    source: Path,
+    overlay: Path,
+    requirements: str | Path | None,
+    *,
+    image: str,
+    max_steps: int,
+    wall_clock_s: float,
+    offline_install: bool,
+) -> Task:
+    name = task_dir.name
+    spec = (task_dir / "start.md").read_text(encoding="utf-8")
+    commands = _read_json_list(task_dir / "test_commands.json")
+    test_paths = _read_json_list(task_dir / "test_files.json")
+    count_file = task_dir / "test_case_count.txt"
+    try:
+        count = int(count_file.read_text().strip())
+    except (OSError, ValueError) as e:
+        raise TaskFormatError(f"{count_file}: expected a single integer") from e
+    build_overlay(source, test_paths, overlay)
+    if offline_install:
+        commands = [offline_pip(c) for c in commands]
+    return Task(
+        id=name,
+        tier="repo",
+        domain="nl2repo",
+        title=f"NL2RepoBench: {name}",
+        spec=spec,
+        image=image,
+        test_commands=commands,
+        hidden_tests_dir=overlay,
+        hidden_test_paths=list_files(overlay),
+        test_count=count,
+        remove_before_grading=[*(p.rstrip("/") for p in test_paths), "conftest.py"],
+        max_steps=max_steps,
+        wall_clock_s=wall_clock_s,
+        grading_timeout_s=1800.0,
+        requirements=_requirements_for(task_dir, spec, requirements),
+        source=str(task_dir),
+    )
+
+
+def _read_json_list(path: Path) -> list[str]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise TaskFormatError(f"{path}: expected a JSON list of strings ({e})") from e
+    if not isinstance(data, list) or not data or not all(isinstance(x, str) for x in data):
+        raise TaskFormatError(f"{path}: expected a non-empty JSON list of strings")
+    return data
+
+
+def offline_pip(command: str) -> str:
+    """Make a ``pip install`` command work without network (no build isolation, no deps)."""
+    m = re.match(r"^\s*((?:python[0-9.]*\s+-m\s+)?pip[0-9.]*\s+install)\b(.*)$", command)
+    if not m:
+        return command
+    rest = m.group(2)
+    extra = [f for f in ("--no-build-isolation", "--no-deps") if f not in rest]
+    return " ".join([m.group(1), *extra]) + rest
+
+
+def _tests_source(tests: str | Path | Mapping, name: str) -> Path | None:
+    if isinstance(tests, Mapping):
+        path = tests.get(name)
+        return Path(path).expanduser() if path is not None else None
+    folder = Path(tests).expanduser()
+    if not folder.is_dir():
+        raise TaskFormatError(f"tests={tests!s} is not a folder")
+    if (folder / name).is_dir():
+        return folder / name
+    want = _norm(name)
+    for p in sorted(folder.iterdir()):
+        if p.is_dir():
+            if _norm(p.name) == want:
+                return p
+            continue
+        stem = _archive_stem(p.name)
+        if stem is None:
+            continue
+        # "<name>" or "<name>-<version>"
+        if _norm(stem) == want or re.fullmatch(re.escape(want) + r"-\d[\w.+!-]*", _norm(stem)):
+            return p
+    return None
+
+
+def _archive_stem(filename: str) -> str | None:
+    for suffix in _ARCHIVE_SUFFIXES:
+        if filename.lower().endswith(suffix):
+            return filename[: -len(suffix)]
+    return None
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip("-.") or "task"
+
+
+def build_overlay(source: Path, test_paths: list[str], overlay: Path) -> None:
+    """Copy ``test_paths`` (files or folders) from a source tree or archive to ``overlay``."""
+    for rel in test_paths:
+        if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
+            raise TaskFormatError(f"test path {rel!r} must be relative, inside the repository")
+    overlay.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{overlay.name}-", dir=overlay.parent))
+    try:
+        if source.is_dir():
+            tree = source
+        else:
+            tree = _extract(source, staging / "_src")
+        out = staging / "overlay"
+        out.mkdir()
+        for rel in test_paths:
+            src = tree / rel.rstrip("/")
+            if src.is_dir():
+                shutil.copytree(
+                    src,
+                    out / rel.rstrip("/"),
+                    dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                )
+            elif src.is_file():
+                (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, out / rel)
+            else:
+                raise TaskFormatError(f"test path {rel!r} not found in {source}")
+        if overlay.exists():
+            shutil.rmtree(overlay)
+        out.rename(overlay)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _extract(archive: Path, dest: Path) -> Path:
+    """Extract an sdist safely and return its source root (the single top folder)."""
+    dest.mkdir(parents=True)
+    if archive.name.lower().endswith(".zip"):
+        with zipfile.ZipFile(archive) as zf:
+            for member in zf.namelist():
+                if PurePosixPath(member).is_absolute() or ".." in PurePosixPath(member).parts:
+                    raise TaskFormatError(f"{archive}: unsafe member {member!r}")
+            zf.extractall(dest)
+    else:
+        try:
+            with tarfile.open(archive) as tf:
+                tf.extractall(dest, filter="data")
+        except (tarfile.TarError, OSError) as e:
+            raise TaskFormatError(f"{archive}: cannot extract ({e})") from e
+    entries = list(dest.iterdir())
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
+
+
+def _requirements_for(task_dir: Path, spec: str, requirements: str | Path | None) -> list[str]:
+    candidates = [task_dir / "requirements.txt"]
+    if requirements is not None:
+        req = Path(requirements).expanduser()
+        candidates.insert(0, req / f"{task_dir.name}.txt" if req.is_dir() else req)
+    for path in candidates:
+        if path.is_file():
+            return parse_requirements_file(path.read_text(encoding="utf-8"))
+    return parse_spec_requirements(spec)
+
+
+def parse_requirements_file(text: str) -> list[str]:
+    """Requirement lines of a requirements file (comments, blanks and options dropped)."""
+    out = []
+    for line in text.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if line and not line.startswith(("#", "-")):
+            out.append(line)
+    return out
+
+
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
+_OPERATOR = re.compile(r"(===|==|>=|<=|~=|!=|<|>)")
+_NAME_VERSION = re.compile(
+    r"^([A-Za-z0-9][A-Za-z0-9._-]*(?:\[[A-Za-z0-9,._-]+\])?)"
+    r"\s*[:\s]\s*v?(\d[\w.+!-]*)$"
+)
+
+
+def parse_spec_requirements(spec: str) -> list[str]:
+    """Pinned requirements from the spec's "Core Dependency Library Versions" section.
+
+    Accepts ``pip list`` style lines (``name  1.2.3``), ``name==1.2.3`` / ``name>=1``
+    specifiers and ``name: 1.2.3``, with or without bullets or a code fence. The image's
+    own tooling (pip, setuptools, wheel) is left out. No section gives ``[]``.
+    """
+    lines = spec.splitlines()
+    start = next(
+        (
+            i
+            for i, ln in enumerate(lines)
+            if (m := _HEADING.match(ln))
+            and "core dependency library versions" in m.group(1).lower()
+        ),
+        None,
+    )
+    if start is None:
+        return []
+    out: list[str] = []
+    for raw in lines[start + 1 :]:
+        if _HEADING.match(raw):
+            break
+        line = raw.strip().lstrip("-*+ ").strip().strip("`").strip()
+        if not line or line.startswith("```") or set(line) <= set("-= |"):
+            continue
+        req = _requirement_of(line)
+        if req and re.split(r"[\s=<>!~\[;]", req, maxsplit=1)[0].lower() not in _TOOLING:
+            out.append(req)
+    return out
+
+
+def _requirement_of(line: str) -> str | None:
+    if _OPERATOR.search(line):
+        req = re.sub(r"\s+", "", line.split(";")[0])
+        return req if re.match(r"^[A-Za-z0-9]", req) else None
+    m = _NAME_VERSION.match(line)
+    if m:
+        return f"{m.group(1)}=={m.group(2)}"
+    return None  # headers ("Package Version"), editable lines with a path, prose

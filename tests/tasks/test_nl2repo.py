@@ -1,0 +1,181 @@
+"""The NL2RepoBench loader against a small synthetic checkout built in tmp_path."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from gyre_env.tasks import TaskFormatError, load_suite
+from gyre_env.tasks.check import run_preflight
+from gyre_env.tasks.nl2repo import (
+    NL2RepoSkipWarning,
+    load_nl2repo,
+    offline_pip,
+    parse_spec_requirements,
+)
+
+SPEC = """## Project Introduction
+
+Build `mini`, a package with `double(x)`.
+
+## Environment Configuration
+
+### Core Dependency Library Versions
+
+```Plain
+Package        Version
+-------------- -------
+attrs          23.1.0
+pip            21.0.1
+setuptools     53.0.0
+requests>=2.31
+Some_Pkg[extra]: 1.0
+mini           0.1      /workspace
+```
+
+## Project Architecture
+
+numpy 1.0 here is prose and must not count.
+"""
+
+MINI_TESTS = {
+    "tests/test_mini.py": "from mini import double\n\n"
+    "def test_double():\n    assert double(2) == 4\n\n"
+    "def test_zero():\n    assert double(0) == 0\n",
+    "tests/data/sample.txt": "x\n",
+}
+
+
+def _task_dir(root: Path, name: str, spec: str | None, tests: list[str], count: int) -> None:
+    d = root / "test_files" / name
+    d.mkdir(parents=True)
+    if spec is None:
+        (d / "start.md.download_failed.txt").write_text("download failed")
+    else:
+        (d / "start.md").write_text(spec)
+    (d / "test_case_count.txt").write_text(f"{count}\n")
+    (d / "test_commands.json").write_text(
+        json.dumps(["pip install -e .", "pytest --continue-on-collection-errors tests"])
+    )
+    (d / "test_files.json").write_text(json.dumps(tests))
+
+
+def _sdist(path: Path, top: str, files: dict[str, str]) -> None:
+    with tarfile.open(path, "w:gz") as tf:
+        for rel, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{top}/{rel}")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> tuple[Path, Path]:
+    """A checkout with three tasks: one from an sdist, one from a folder, one broken."""
+    repo = tmp_path / "NL2RepoBench"
+    _task_dir(repo, "mini", SPEC, ["tests"], 2)
+    _task_dir(repo, "Other_Lib", "# Other\n\nNo dependency section.\n", ["test_other.py"], 1)
+    _task_dir(repo, "pdfplumber-stable", None, ["tests"], 10)
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    _sdist(
+        upstream / "mini-0.1.tar.gz",
+        "mini-0.1",
+        {
+            **MINI_TESTS,
+            "mini/__init__.py": "def double(x):\n    return 2 * x\n",
+            "pyproject.toml": "[project]\nname='mini'\n",
+        },
+    )
+    (upstream / "other-lib").mkdir()
+    (upstream / "other-lib" / "test_other.py").write_text("def test_x():\n    pass\n")
+    return repo, upstream
+
+
+def test_loads_tasks_and_skips_missing_spec_with_warning(checkout, tmp_path):
+    repo, upstream = checkout
+    with pytest.warns(NL2RepoSkipWarning, match="pdfplumber-stable.*download"):
+        tasks = load_nl2repo(repo, upstream, cache_dir=tmp_path / "cache")
+    assert [t.id for t in tasks] == ["Other_Lib", "mini"]
+    mini = tasks[1]
+    assert mini.tier == "repo" and mini.test_count == 2
+    assert mini.spec.startswith("## Project Introduction")
+    # only the test paths were taken from the sdist, never the implementation
+    assert mini.hidden_test_paths == ["tests/data/sample.txt", "tests/test_mini.py"]
+    assert not (mini.hidden_tests_dir / "mini").exists()
+    assert mini.test_commands[0] == "pip install --no-build-isolation --no-deps -e ."
+    assert mini.remove_before_grading == ["tests", "conftest.py"]
+    assert mini.image == "gyre-nl2repo-mini:latest"
+    other = tasks[0]
+    assert other.hidden_test_paths == ["test_other.py"] and other.requirements == []
+
+
+def test_spec_dependency_section_becomes_requirements():
+    assert parse_spec_requirements(SPEC) == [
+        "attrs==23.1.0",
+        "requests>=2.31",
+        "Some_Pkg[extra]==1.0",
+    ]
+    assert parse_spec_requirements("# Nothing here\n") == []
+
+
+def test_requirements_file_wins_over_spec(checkout, tmp_path):
+    repo, upstream = checkout
+    reqs = tmp_path / "reqs"
+    reqs.mkdir()
+    (reqs / "mini.txt").write_text("# pinned by hand\nattrs==22.2.0\n--index-url x\n")
+    (task,) = load_nl2repo(
+        repo, upstream, requirements=reqs, cache_dir=tmp_path / "c", only=["mini"]
+    )
+    assert task.requirements == ["attrs==22.2.0"]
+
+
+def test_missing_tests_skips_task_and_nothing_loadable_is_an_error(checkout, tmp_path):
+    repo, _ = checkout
+    empty = tmp_path / "none"
+    empty.mkdir()
+    with pytest.warns(NL2RepoSkipWarning, match="'mini' skipped: no upstream tests"):
+        with pytest.raises(TaskFormatError, match="no NL2Repo task could be loaded"):
+            load_nl2repo(repo, empty, cache_dir=tmp_path / "c")
+
+
+def test_bad_checkout_and_bad_count(tmp_path, checkout):
+    with pytest.raises(TaskFormatError, match="not an NL2RepoBench checkout"):
+        load_nl2repo(tmp_path / "nowhere", {}, cache_dir=tmp_path / "c")
+    repo, upstream = checkout
+    (repo / "test_files" / "mini" / "test_case_count.txt").write_text("many")
+    with pytest.raises(TaskFormatError, match="test_case_count.txt"):
+        load_nl2repo(repo, upstream, cache_dir=tmp_path / "c", only=["mini"])
+
+
+def test_offline_pip_rewrite():
+    assert offline_pip("pip install -e .") == "pip install --no-build-isolation --no-deps -e ."
+    assert offline_pip("python -m pip install --no-deps .") == (
+        "python -m pip install --no-build-isolation --no-deps ."
+    )
+    assert offline_pip("pytest tests") == "pytest tests"
+
+
+def test_registered_suite_and_preflight_scores_upstream_solution(checkout, tmp_path):
+    """The loaded task grades a workspace: the upstream solution passes, empty fails."""
+    repo, upstream = checkout
+    with pytest.warns(NL2RepoSkipWarning):
+        tasks = load_suite("nl2repo", checkout=repo, tests=upstream, cache_dir=tmp_path / "c")
+    mini = next(t for t in tasks if t.id == "mini")
+    solution = tmp_path / "solution"
+    (solution / "mini").mkdir(parents=True)
+    (solution / "mini" / "__init__.py").write_text("def double(x):\n    return 2 * x\n")
+    (solution / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "mini"\nversion = "0.1"\n'
+        '[tool.setuptools]\npackages = ["mini"]\n'
+    )
+    mini.gold_dir = solution
+    gold = run_preflight(mini, gold=True)
+    assert (gold.passed, gold.collected, gold.score) == (2, 2, 1.0), gold.log
+    empty = run_preflight(mini, gold=False)
+    assert empty.passed == 0 and empty.score == 0.0
