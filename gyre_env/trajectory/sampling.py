@@ -1,0 +1,197 @@
+"""Bounded training samples: token trees cut into units that fit a token budget.
+
+The rule
+--------
+1. The unit of work is a root-to-leaf path of a tree: the full context of one model call
+   (or of several, when later calls extend it). The proxy starts a new branch whenever a
+   prompt does not extend an earlier context - after a summary/compaction the main
+   conversation restarts from the system prompt plus the summary - so an episode whose
+   history is longer than the window is *already* split at its compaction boundaries
+   into paths that each fit the serving window.
+2. Paths are taken in depth-first order and added to the current unit while the union
+   of their nodes fits ``token_budget``; a shared prefix counts once per unit. When the
+   next path does not fit, the unit is closed and a new one starts with that path's full
+   prefix (prefixes are repeated across units, never within one).
+3. Every sampled token carries its loss in exactly one unit: the first that includes it.
+   A later unit that needs the same prefix as context has it with a zero loss mask, so
+   the sum over units equals the flat loss.
+4. A single path longer than the budget (a training window smaller than the serving
+   window) cannot be split without changing what its tokens attend to. With
+   ``overflow="truncate"`` it is cut at the last node boundary that fits and the rest is
+   counted in ``SampleStats.truncated_tokens``; with ``overflow="error"`` it raises.
+5. Episodes whose outcome is in ``exclude_outcomes`` (default ``infra_error``) stay in the
+   store but get no loss and are left out of units, except as context shared with others.
+
+Weights and advantages: each sampled token's loss coefficient is the sum over the calls
+that sampled it of ``role_weights[role] * advantage(episode)``; advantages are GRPO
+style, ``reward - mean(group rewards)``, optionally divided by the group's std.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from gyre_env.trajectory.tree import ROLES, TokenTree
+
+
+def _default_role_weights() -> dict[str, float]:
+    return {"main": 1.0, "sub-agent": 0.5, "summary": 0.25}
+
+
+@dataclass(kw_only=True)
+class SampleConfig:
+    """How trees become bounded, weighted training units."""
+
+    token_budget: int = 32768
+    """Most tokens one unit may hold (the training context window)."""
+    role_weights: dict[str, float] = field(default_factory=_default_role_weights)
+    """Loss weight of tokens sampled by each branch role (main > sub-agent > summary)."""
+    normalize_std: bool = False
+    """Divide advantages by the group's reward std (GRPO); off = Dr. GRPO style."""
+    std_eps: float = 1e-6
+    """Added to the std before dividing."""
+    exclude_outcomes: tuple[str, ...] = ("infra_error",)
+    """Episode outcomes kept in the store but never trained on."""
+    overflow: Literal["truncate", "error"] = "truncate"
+    """What to do with a single path longer than ``token_budget``."""
+
+    def __post_init__(self) -> None:
+        if self.token_budget <= 0:
+            raise ValueError(f"token_budget must be positive, got {self.token_budget}")
+        unknown = set(self.role_weights) - set(ROLES)
+        if unknown:
+            raise ValueError(f"role_weights has unknown roles {sorted(unknown)}; known: {ROLES}")
+        missing = set(ROLES) - set(self.role_weights)
+        if missing:
+            raise ValueError(f"role_weights is missing roles {sorted(missing)}")
+        if self.overflow not in ("truncate", "error"):
+            raise ValueError(f"overflow must be 'truncate' or 'error', got {self.overflow!r}")
+
+
+@dataclass(kw_only=True)
+class UnitPart:
+    """The nodes of one tree that a unit holds."""
+
+    tree: TokenTree
+    nodes: list[int]
+    """Node ids in depth-first preorder, closed under ancestors."""
+    loss_nodes: set[int]
+    """Nodes whose sampled tokens carry their loss in this unit."""
+    advantages: dict[str, float]
+    """Session -> advantage, for the episodes that are trained on."""
+
+
+@dataclass(kw_only=True)
+class TrainingUnit:
+    """What one packed forward pass sees: parts of one or more trees."""
+
+    parts: list[UnitPart]
+    role_weights: dict[str, float]
+    num_tokens: int
+
+
+@dataclass(kw_only=True)
+class SampleStats:
+    units: int = 0
+    tokens: int = 0
+    """Tokens over all units (shared prefixes repeated across units count again)."""
+    truncated_tokens: int = 0
+    excluded_episodes: int = 0
+
+
+def group_advantages(tree: TokenTree, cfg: SampleConfig) -> dict[str, float]:
+    """GRPO advantages of the tree's trainable episodes (excluded outcomes left out)."""
+    sessions = [s for s, e in tree.episodes.items() if e.outcome not in cfg.exclude_outcomes]
+    if not sessions:
+        return {}
+    rewards = np.array([tree.episodes[s].reward for s in sessions], dtype=np.float64)
+    adv = rewards - rewards.mean()
+    if cfg.normalize_std:
+        adv = adv / (rewards.std() + cfg.std_eps)
+    return {s: float(a) for s, a in zip(sessions, adv, strict=True)}
+
+
+class _UnitBuilder:
+    def __init__(self, cfg: SampleConfig):
+        self.cfg = cfg
+        self.parts: list[UnitPart] = []
+        self.tokens = 0
+        self.units: list[TrainingUnit] = []
+
+    def part_for(self, tree: TokenTree, adv: dict[str, float]) -> UnitPart:
+        if not self.parts or self.parts[-1].tree is not tree:
+            self.parts.append(UnitPart(tree=tree, nodes=[], loss_nodes=set(), advantages=adv))
+        return self.parts[-1]
+
+    def flush(self) -> None:
+        if self.parts:
+            self.units.append(
+                TrainingUnit(
+                    parts=self.parts,
+                    role_weights=dict(self.cfg.role_weights),
+                    num_tokens=self.tokens,
+                )
+            )
+        self.parts, self.tokens = [], 0
+
+
+def bounded_samples(
+    trees: list[TokenTree], cfg: SampleConfig | None = None
+) -> tuple[list[TrainingUnit], SampleStats]:
+    """Cut ``trees`` into units of at most ``cfg.token_budget`` tokens (see module doc)."""
+    cfg = cfg or SampleConfig()
+    builder, stats = _UnitBuilder(cfg), SampleStats()
+    for tree in trees:
+        adv = group_advantages(tree, cfg)
+        stats.excluded_episodes += len(tree.episodes) - len(adv)
+        active = set(adv)
+        keep = {n.id for n in tree.nodes[1:] if n.sessions & active}
+        depth = tree.depth_tokens()
+        assigned: set[int] = set()  # nodes whose loss some unit already carries
+        for leaf in _leaves(tree, keep):
+            path = _fit_path(tree, tree.path(leaf), depth, cfg, stats)
+            if not path:
+                continue
+            part = builder.part_for(tree, adv)
+            present = set(part.nodes)
+            new = [n for n in path if n not in present]
+            cost = int(sum(len(tree.nodes[n]) for n in new))
+            if builder.tokens + cost > cfg.token_budget:
+                builder.flush()
+                part = builder.part_for(tree, adv)
+                new, cost = path, int(depth[path[-1]])
+            part.nodes.extend(new)
+            part.loss_nodes.update(n for n in new if n not in assigned and tree.nodes[n].sampled)
+            assigned.update(new)
+            builder.tokens += cost
+    builder.flush()
+    stats.units = len(builder.units)
+    stats.tokens = sum(u.num_tokens for u in builder.units)
+    return builder.units, stats
+
+
+def _leaves(tree: TokenTree, keep: set[int]) -> list[int]:
+    """Leaves of the tree restricted to ``keep``, depth-first."""
+    out = []
+    for i in tree.dfs():
+        if i in keep and not any(c in keep for c in tree.nodes[i].children.values()):
+            out.append(i)
+    return out
+
+
+def _fit_path(
+    tree: TokenTree, path: list[int], depth: np.ndarray, cfg: SampleConfig, stats: SampleStats
+) -> list[int]:
+    if depth[path[-1]] <= cfg.token_budget:
+        return path
+    if cfg.overflow == "error":
+        raise ValueError(
+            f"group {tree.group!r}: a path of {int(depth[path[-1]])} tokens exceeds "
+            f"token_budget={cfg.token_budget} (set overflow='truncate' to cut it)"
+        )
+    kept = [n for n in path if depth[n] <= cfg.token_budget]
+    stats.truncated_tokens += int(depth[path[-1]] - (depth[kept[-1]] if kept else 0))
+    return kept
