@@ -1,0 +1,43 @@
+"""Shared fixtures: the tiny model built once per session into a temporary cache."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory):
+    from gyre_env.engines.tiny import tiny_model_path
+
+    return tiny_model_path(root=tmp_path_factory.mktemp("gyre-cache"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_path):
+    from gyre_env.engines.tiny import load_tokenizer
+
+    return load_tokenizer(tiny_path)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_path):
+    """A shared engine for tests that do not change its weights or pause it."""
+    from gyre_env.engines.embedded import EmbeddedEngine
+
+    eng = EmbeddedEngine(model_path=str(tiny_path), max_batch_size=8)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def prompts(tokenizer):
+    """Eight chat prompts of different lengths."""
+    out = []
+    for i in range(8):
+        messages = [{"role": "user", "content": f"Task {i}: " + "fix the failing test. " * (i + 1)}]
+        out.append(
+            tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)[
+                "input_ids"
+            ]
+        )
+    return out

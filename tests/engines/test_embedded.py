@@ -1,0 +1,306 @@
+"""EmbeddedEngine on the tiny model: exactness of batching, logprobs, limits, control calls.
+
+Everything here is real: the tiny transformers model on CPU, the engine's worker thread
+and its KV-cache batching. Nothing is faked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gyre_env.engines.base import (
+    ContextLengthError,
+    Engine,
+    EnginePausedError,
+    SamplingParams,
+)
+from gyre_env.engines.embedded import EmbeddedEngine
+
+GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
+
+
+def _forward_logprobs(engine, prompt, output, temperature=1.0):
+    """Log-probabilities of ``output`` after ``prompt`` from one plain forward pass."""
+    import torch
+
+    with torch.no_grad():
+        logits = engine._model(torch.tensor([prompt + output])).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(output)]
+
+
+def test_implements_the_engine_protocol(engine):
+    assert isinstance(engine, Engine)
+    assert engine.context_length == 131072
+
+
+def test_greedy_is_deterministic(engine, prompts):
+    a = asyncio.run(engine.generate(prompts[0], GREEDY))
+    b = asyncio.run(engine.generate(prompts[0], GREEDY))
+    assert a.output_ids == b.output_ids and a.output_logprobs == b.output_logprobs
+    assert len(a.output_ids) == 24 and a.finish_reason == "length"
+    assert a.weight_version == 0 and a.prefill_s > 0 and a.decode_s > 0
+
+
+def test_concurrent_batched_greedy_equals_sequential(engine, prompts):
+    params = [SamplingParams(max_new_tokens=8 + 3 * i, temperature=0.0) for i in range(8)]
+    alone = [asyncio.run(engine.generate(p, sp)) for p, sp in zip(prompts, params, strict=True)]
+
+    async def together():
+        return await asyncio.gather(
+            *(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True))
+        )
+
+    batched = asyncio.run(together())
+    for a, b in zip(alone, batched, strict=True):
+        assert a.output_ids == b.output_ids
+        assert b.output_logprobs == pytest.approx(a.output_logprobs, abs=1e-4)
+
+
+def test_requests_joining_a_running_batch_match_running_alone(engine, prompts):
+    async def staggered():
+        first = asyncio.create_task(
+            engine.generate(prompts[7], SamplingParams(max_new_tokens=40, temperature=0))
+        )
+        await asyncio.sleep(0.05)  # the first is mid-decode when the others join
+        rest = [engine.generate(p, GREEDY) for p in prompts[:3]]
+        return await asyncio.gather(first, *rest)
+
+    results = asyncio.run(staggered())
+    assert (
+        results[0].output_ids
+        == asyncio.run(
+            engine.generate(prompts[7], SamplingParams(max_new_tokens=40, temperature=0))
+        ).output_ids
+    )
+    for p, r in zip(prompts[:3], results[1:], strict=True):
+        assert r.output_ids == asyncio.run(engine.generate(p, GREEDY)).output_ids
+
+
+def test_logprobs_match_a_direct_forward_pass(engine, prompts):
+    greedy = asyncio.run(engine.generate(prompts[2], GREEDY))
+    ref = _forward_logprobs(engine, prompts[2], greedy.output_ids)
+    assert greedy.output_logprobs == pytest.approx(ref, abs=1e-4)
+    hot = SamplingParams(max_new_tokens=16, temperature=0.7, top_p=0.9, top_k=50, seed=3)
+    sampled = asyncio.run(engine.generate(prompts[2], hot))
+    ref = _forward_logprobs(engine, prompts[2], sampled.output_ids, temperature=0.7)
+    assert sampled.output_logprobs == pytest.approx(ref, abs=1e-4)
+
+
+def test_seeded_sampling_is_reproducible(engine, prompts):
+    def sample(seed, **kw):
+        sp = SamplingParams(max_new_tokens=16, temperature=1.0, seed=seed, **kw)
+        return asyncio.run(engine.generate(prompts[1], sp)).output_ids
+
+    assert sample(7) == sample(7)
+    assert sample(7) != sample(8)
+    greedy = asyncio.run(
+        engine.generate(prompts[1], SamplingParams(max_new_tokens=16, temperature=0))
+    )
+    assert sample(9, top_k=1) == greedy.output_ids
+    assert sample(9, top_p=1e-6) == greedy.output_ids
+
+
+def test_stop_ids_end_generation_and_are_kept(engine, prompts):
+    full = asyncio.run(engine.generate(prompts[4], GREEDY)).output_ids
+    stop = full[5]
+    first = full.index(stop)
+    params = SamplingParams(max_new_tokens=24, temperature=0, stop_token_ids=[stop])
+    result = asyncio.run(engine.generate(prompts[4], params))
+    assert result.output_ids == full[: first + 1]
+    assert result.finish_reason == "stop"
+
+
+def test_context_length_limits_output_and_rejects_overflow(tiny_path, prompts):
+    engine = EmbeddedEngine(model_path=str(tiny_path), context_length=len(prompts[0]) + 3)
+    try:
+        result = asyncio.run(engine.generate(prompts[0], GREEDY))
+        assert len(result.output_ids) == 3 and result.finish_reason == "length"
+        with pytest.raises(ContextLengthError, match="context of"):
+            asyncio.run(engine.generate(prompts[0] + [1, 2, 3], GREEDY))
+    finally:
+        engine.close()
+
+
+def test_streaming_concatenates_to_the_non_streamed_result(engine, prompts):
+    async def collect():
+        return [c async for c in engine.stream(prompts[3], GREEDY)]
+
+    chunks = asyncio.run(collect())
+    whole = asyncio.run(engine.generate(prompts[3], GREEDY))
+    assert [i for c in chunks for i in c.ids] == whole.output_ids
+    assert [lp for c in chunks for lp in c.logprobs] == whole.output_logprobs
+    assert [c.finish_reason for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+
+
+def test_abandoned_stream_frees_its_row(engine, prompts):
+    async def abandon():
+        stream = engine.stream(prompts[0], SamplingParams(max_new_tokens=5000, temperature=0))
+        async for _ in stream:
+            break
+        await stream.aclose()
+        for _ in range(100):
+            health = await engine.health()
+            if health["running"] == 0 and health["queued"] == 0:
+                return health
+            await asyncio.sleep(0.02)
+        return health
+
+    assert asyncio.run(abandon())["running"] == 0
+
+
+def test_bad_requests_name_the_problem(engine):
+    with pytest.raises(ValueError, match="non-empty"):
+        asyncio.run(engine.generate([], GREEDY))
+    with pytest.raises(ValueError, match=r"prompt_ids\[1\]"):
+        asyncio.run(engine.generate([1, 10**9], GREEDY))
+    with pytest.raises(ValueError, match="temperature"):
+        asyncio.run(engine.generate([1], SamplingParams(temperature=-1)))
+    with pytest.raises(ValueError, match="top_p"):
+        asyncio.run(engine.generate([1], SamplingParams(top_p=0)))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        asyncio.run(engine.generate([1], SamplingParams(max_new_tokens=0)))
+
+
+def test_pause_rejects_new_requests_and_lets_running_ones_finish(tiny_path, prompts):
+    engine = EmbeddedEngine(model_path=str(tiny_path))
+
+    async def scenario():
+        running = asyncio.create_task(
+            engine.generate(prompts[0], SamplingParams(max_new_tokens=60, temperature=0))
+        )
+        await asyncio.sleep(0.05)
+        await engine.pause()
+        assert (await engine.health())["status"] == "paused"
+        with pytest.raises(EnginePausedError):
+            await engine.generate(prompts[1], GREEDY)
+        done = await running
+        await engine.resume()
+        after = await engine.generate(prompts[1], GREEDY)
+        return done, after
+
+    try:
+        done, after = asyncio.run(scenario())
+        assert len(done.output_ids) == 60 and len(after.output_ids) == 24
+    finally:
+        engine.close()
+
+
+def _perturbed_state(engine, scale=0.5):
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    return {
+        name: tensor + scale * torch.randn(tensor.shape, generator=gen)
+        for name, tensor in engine._model.state_dict().items()
+        if name.endswith("proj.weight")
+    }
+
+
+def test_update_weights_changes_outputs_and_version(tiny_path, prompts, tmp_path):
+    from gyre_env.engines.tiny import TinyModelConfig, build_tiny_model
+
+    engine = EmbeddedEngine(model_path=str(tiny_path))
+    try:
+        before = asyncio.run(engine.generate(prompts[0], GREEDY))
+        asyncio.run(engine.update_weights(_perturbed_state(engine), version=1))
+        after = asyncio.run(engine.generate(prompts[0], GREEDY))
+        assert engine.weight_version == 1 and after.weight_version == 1
+        assert after.output_ids != before.output_ids
+        assert after.output_logprobs == pytest.approx(
+            _forward_logprobs(engine, prompts[0], after.output_ids), abs=1e-4
+        )
+        other = build_tiny_model(tmp_path / "seed1", TinyModelConfig(seed=1))
+        asyncio.run(engine.update_weights(str(other), version=2))
+        fresh = EmbeddedEngine(model_path=str(other))
+        try:
+            expected = asyncio.run(fresh.generate(prompts[0], GREEDY)).output_ids
+        finally:
+            fresh.close()
+        assert asyncio.run(engine.generate(prompts[0], GREEDY)).output_ids == expected
+        assert asyncio.run(engine.health())["weight_version"] == 2
+    finally:
+        engine.close()
+
+
+def test_bad_weight_updates_are_rejected_without_effect(tiny_path):
+    import torch
+
+    engine = EmbeddedEngine(model_path=str(tiny_path))
+    try:
+        with pytest.raises(ValueError, match="unknown parameter names"):
+            asyncio.run(engine.update_weights({"nope.weight": torch.zeros(1)}, version=5))
+        name = "model.norm.weight"
+        with pytest.raises(ValueError, match="has shape"):
+            asyncio.run(engine.update_weights({name: torch.zeros(3)}, version=5))
+        with pytest.raises(TypeError, match="state dict, a model folder"):
+            asyncio.run(engine.update_weights(42, version=5))
+        assert engine.weight_version == 0
+    finally:
+        engine.close()
+
+
+def test_update_waits_for_running_requests(tiny_path, prompts):
+    engine = EmbeddedEngine(model_path=str(tiny_path))
+    long = SamplingParams(max_new_tokens=80, temperature=0)
+    try:
+        old = asyncio.run(engine.generate(prompts[0], long))
+
+        async def scenario():
+            running = asyncio.create_task(engine.generate(prompts[0], long))
+            await asyncio.sleep(0.05)
+            await engine.update_weights(_perturbed_state(engine), version=7)
+            return await running
+
+        result = asyncio.run(scenario())
+        assert result.weight_version == 0 and result.output_ids == old.output_ids
+        assert asyncio.run(engine.generate(prompts[0], long)).weight_version == 7
+    finally:
+        engine.close()
+
+
+def test_release_and_resume_memory_keep_updated_weights(tiny_path, prompts):
+    engine = EmbeddedEngine(model_path=str(tiny_path))
+    try:
+        asyncio.run(engine.update_weights(_perturbed_state(engine), version=3))
+        expected = asyncio.run(engine.generate(prompts[5], GREEDY)).output_ids
+        asyncio.run(engine.release_memory())
+        assert engine._model is None
+        assert asyncio.run(engine.health())["status"] == "released"
+        with pytest.raises(EnginePausedError):
+            asyncio.run(engine.generate(prompts[5], GREEDY))
+        asyncio.run(engine.resume_memory())
+        result = asyncio.run(engine.generate(prompts[5], GREEDY))
+        assert result.output_ids == expected and result.weight_version == 3
+    finally:
+        engine.close()
+
+
+def test_explicit_pause_survives_a_memory_round_trip(tiny_path):
+    engine = EmbeddedEngine(model_path=str(tiny_path))
+    try:
+        asyncio.run(engine.pause())
+        asyncio.run(engine.release_memory())
+        asyncio.run(engine.resume_memory())
+        assert asyncio.run(engine.health())["status"] == "paused"
+    finally:
+        engine.close()
+
+
+def test_close_fails_queued_requests(tiny_path, prompts):
+    from gyre_env.engines.base import EngineError
+
+    engine = EmbeddedEngine(model_path=str(tiny_path))
+
+    async def scenario():
+        task = asyncio.create_task(
+            engine.generate(prompts[0], SamplingParams(max_new_tokens=5000, temperature=0))
+        )
+        await asyncio.sleep(0.05)
+        await asyncio.to_thread(engine.close)
+        return await task
+
+    with pytest.raises(EngineError, match="closed"):
+        asyncio.run(scenario())

@@ -1,0 +1,144 @@
+"""The built-in tiny model: deterministic creation, tokenizer properties, chat template."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+
+import pytest
+
+from gyre_env.engines.tiny import (
+    MARKER_FILE,
+    TinyModelConfig,
+    build_tiny_model,
+    load_tokenizer,
+    tiny_model_path,
+)
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_creation_is_deterministic_and_seed_matters(tmp_path, tiny_path):
+    again = build_tiny_model(tmp_path / "again")
+    for name in ["tokenizer.json", "model.safetensors", "config.json"]:
+        assert _digest(again / name) == _digest(tiny_path / name), name
+    other = build_tiny_model(tmp_path / "other", TinyModelConfig(seed=1))
+    assert _digest(other / "tokenizer.json") == _digest(tiny_path / "tokenizer.json")
+    assert _digest(other / "model.safetensors") != _digest(tiny_path / "model.safetensors")
+
+
+def test_model_shape_accepts_long_contexts(tiny_path):
+    config = json.loads((tiny_path / "config.json").read_text())
+    assert config["max_position_embeddings"] >= 131072
+    assert config["hidden_size"] == 64 and config["num_hidden_layers"] == 2
+
+
+def test_concurrent_first_use_builds_once(tmp_path):
+    results, errors = [], []
+
+    def worker():
+        try:
+            results.append(tiny_model_path(root=tmp_path))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(set(results)) == 1
+    folder = results[0]
+    assert (folder / MARKER_FILE).is_file()
+    leftovers = [p.name for p in folder.parent.iterdir() if p.is_dir() and p != folder]
+    assert leftovers == []
+
+
+def test_incomplete_folder_is_rebuilt(tmp_path):
+    folder = tmp_path / "models" / "tiny-v1"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{truncated")
+    assert tiny_model_path(root=tmp_path) == folder
+    assert (folder / MARKER_FILE).is_file()
+    json.loads((folder / "config.json").read_text())
+
+
+def test_tokenizer_round_trips_and_splits_multibyte_characters(tokenizer, tiny_path):
+    import tokenizers
+
+    raw = tokenizers.Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
+    text = "def f(x):\n    return x  # ünïcödé 世界 🦀🐍 ok\n\t<tool_call>{}</tool_call>"
+    ids = tokenizer(text)["input_ids"]
+    assert raw.encode(text).ids == ids  # AutoTokenizer and tokenizer.json agree
+    assert tokenizer.decode(ids) == text
+    crab = tokenizer("🦀")["input_ids"]
+    assert len(crab) > 1  # a 4-byte character split over byte-level tokens
+    assert all("\ufffd" in tokenizer.decode([i]) for i in crab)
+    assert 2000 <= len(tokenizer) <= 4096
+
+
+def test_special_and_tool_tokens_are_single_ids(tokenizer):
+    for token in ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>"]:
+        ids = tokenizer(token)["input_ids"]
+        assert len(ids) == 1, token
+        assert tokenizer.convert_ids_to_tokens(ids[0]) == token
+    assert tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    # tool-call markers decode as text even with skip_special_tokens; control tokens do not
+    ids = tokenizer("<tool_call>x</tool_call><|im_end|>")["input_ids"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "<tool_call>x</tool_call>"
+
+
+def test_chat_template_renders_tools_calls_and_results(tokenizer):
+    tools = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
+    messages = [
+        {"role": "user", "content": "list files"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"type": "function", "function": {"name": "run", "arguments": '{"cmd": "ls"}'}}
+            ],
+        },
+        {"role": "tool", "content": "a.py"},
+        {"role": "tool", "content": "b.py"},
+        {"role": "user", "content": [{"type": "text", "text": "thanks"}]},
+    ]
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=False
+    )
+    assert text.startswith("<|im_start|>system\nYou are a helpful assistant.\n\n# Tools")
+    assert '\n{"type": "function", "function": {"name": "run"' in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "run", "arguments": {"cmd": "ls"}}\n'
+        "</tool_call><|im_end|>\n"
+    ) in text
+    assert (
+        "<|im_start|>user\n<tool_response>\na.py\n</tool_response>\n<tool_response>\nb.py\n"
+        "</tool_response><|im_end|>\n<|im_start|>user\nthanks<|im_end|>\n"
+    ) in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_chat_template_without_tools_and_bad_role(tokenizer):
+    text = tokenizer.apply_chat_template(
+        [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "A"},
+        ],
+        tokenize=False,
+    )
+    assert (
+        text
+        == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"
+    )
+    with pytest.raises(Exception, match="unknown message role"):
+        tokenizer.apply_chat_template([{"role": "robot", "content": "x"}], tokenize=False)
+
+
+def test_load_tokenizer_rejects_a_folder_without_one(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no tokenizer files"):
+        load_tokenizer(tmp_path)
