@@ -1,0 +1,261 @@
+"""What every agent shares: how an episode ends, the context it runs in, and its clock.
+
+An agent is anything with ``run(ctx) -> AgentResult``. It acts on the environment only
+through :meth:`EpisodeContext.step`, which times the step, keeps the reward trace and
+notices the end of the episode, so the runner can split an episode's wall time into
+waiting on the model, executing tools and scoring without knowing the agent.
+
+Agent loops end by raising an :class:`AgentStop` subclass that carries an
+:class:`EndReason` (the mini-swe-agent shape: ``Submitted``, ``LimitsExceeded``, ...);
+``run`` turns it into the ``AgentResult``.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from gyre_env.agents.context import EpisodeContext
+
+PHASES = ("setup", "model", "tool", "scoring", "agent")
+"""Where an episode's wall time goes: ``setup`` (sandbox start, reset), ``model`` (waiting
+on the policy), ``tool`` (executing tool calls), ``scoring`` (interim and final grading),
+``agent`` (the agent's own work between those: graph bookkeeping, parsing)."""
+
+
+class EndReason(str, enum.Enum):
+    """Why an agent stopped. Stored as its value in results."""
+
+    SUBMITTED = "submitted"
+    """The agent called ``submit``."""
+    ENV_ENDED = "env_ended"
+    """The env ended the episode (its step or wall-clock limit)."""
+    STEP_BUDGET = "step_budget"
+    """The agent's own step budget ran out."""
+    TOKEN_BUDGET = "token_budget"
+    """The agent's token budget ran out."""
+    TIME_LIMIT = "time_limit"
+    """The runner's per-episode time limit hit."""
+    CANCELLED = "cancelled"
+    """The run was cancelled."""
+    NO_TOOL_CALL = "no_tool_call"
+    """The model kept answering without a tool call after being nudged."""
+    CONTEXT_FULL = "context_full"
+    """The context could not be compacted below the model's window."""
+    MODEL_ERROR = "model_error"
+    """The model endpoint failed (HTTP error, proxy down) after retries."""
+    CLI_EXITED = "cli_exited"
+    """A black-box CLI agent exited on its own."""
+    AGENT_ERROR = "agent_error"
+    """A bug or crash in the agent itself."""
+
+
+class AgentStop(Exception):
+    """Raised inside an agent loop to end the episode; carries the reason."""
+
+    reason = EndReason.AGENT_ERROR
+
+    def __init__(self, message: str = "", reason: EndReason | None = None):
+        super().__init__(message or self.__class__.__name__)
+        if reason is not None:
+            self.reason = reason
+
+
+class Submitted(AgentStop):
+    reason = EndReason.SUBMITTED
+
+
+class EpisodeEnded(AgentStop):
+    reason = EndReason.ENV_ENDED
+
+
+class LimitsExceeded(AgentStop):
+    """A step, token or time budget ran out (the reason says which)."""
+
+    reason = EndReason.STEP_BUDGET
+
+
+class Cancelled(AgentStop):
+    reason = EndReason.CANCELLED
+
+
+class ModelFailure(AgentStop):
+    reason = EndReason.MODEL_ERROR
+
+
+@dataclass(kw_only=True)
+class AgentResult:
+    """What an agent reports when it stops."""
+
+    reason: EndReason
+    message: str = ""
+    model_calls: int = 0
+    """Model calls the agent made (or, for a CLI, the proxy recorded for its session)."""
+    tokens: int = 0
+    """Prompt + completion tokens reported by the model endpoint."""
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class ModelEndpoint:
+    """Where an episode's agent reaches the policy: its own proxy session."""
+
+    base_url: str
+    """OpenAI-style base URL of the episode's session, e.g. ``http://127.0.0.1:8000/s/ep1/v1``."""
+    model: str = "tiny"
+    """Model name sent in requests."""
+    api_key: str = "gyre"
+    """Sent as the bearer token / ``x-api-key``; any value unless the proxy sets one."""
+    session: str = ""
+    """The proxy session id (the records' ``session``)."""
+    sandbox_base_url: str | None = None
+    """The same session as seen from inside the sandbox (through its proxy route), without
+    ``/v1``: what a CLI's ``ANTHROPIC_BASE_URL`` / ``OPENAI_BASE_URL`` is set to."""
+    context_length: int = 8192
+    """The model's context window in tokens (drives compaction)."""
+
+
+class WaterLevel:
+    """Live counts of episodes per phase, readable by a scheduler from any thread.
+
+    ``snapshot()`` returns a consistent copy: how many episodes wait on the model, run
+    tools, are scored, are being set up, and how many are queued to start.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(PHASES, 0)
+        self._queued = 0
+        self._running = 0
+
+    def enter(self, phase: str) -> None:
+        with self._lock:
+            self._counts[phase] += 1
+
+    def leave(self, phase: str) -> None:
+        with self._lock:
+            self._counts[phase] -= 1
+
+    def move(self, old: str | None, new: str | None) -> None:
+        with self._lock:
+            if old is not None:
+                self._counts[old] -= 1
+            if new is not None:
+                self._counts[new] += 1
+
+    def set_queued(self, n: int) -> None:
+        with self._lock:
+            self._queued = n
+
+    def add_running(self, delta: int) -> None:
+        with self._lock:
+            self._running += delta
+
+    def snapshot(self) -> dict[str, Any]:
+        """``{"model", "tool", "scoring", "setup", "agent", "running", "queued", "time"}``."""
+        with self._lock:
+            snap: dict[str, Any] = dict(self._counts)
+            snap["running"] = self._running
+            snap["queued"] = self._queued
+        snap["time"] = time.time()
+        return snap
+
+
+class EpisodeClock:
+    """Splits one episode's wall time into ``PHASES``; time goes to the innermost phase.
+
+    Phases nest (a sub-agent's model calls inside the main agent's tool call count as
+    ``model``). The clock also keeps the episode's ``WaterLevel`` entry current.
+    """
+
+    def __init__(self, waterlevel: WaterLevel | None = None, initial: str = "agent"):
+        self.waterlevel = waterlevel
+        self.totals = dict.fromkeys(PHASES, 0.0)
+        self._stack: list[str] = []
+        self._lock = threading.Lock()
+        self._since = time.monotonic()
+        self.start = self._since
+        self._closed = False
+        self._push(initial)
+
+    def _push(self, phase: str) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; phases are {PHASES}")
+        with self._lock:
+            old = self._charge()
+            self._stack.append(phase)
+        if self.waterlevel is not None and not self._closed:
+            self.waterlevel.move(old, phase)
+
+    def _pop(self) -> None:
+        with self._lock:
+            old = self._charge()
+            self._stack.pop()
+            new = self._stack[-1] if self._stack else None
+        if self.waterlevel is not None and not self._closed:
+            self.waterlevel.move(old, new)
+
+    def _charge(self) -> str | None:
+        """Add the time since the last change to the current phase; the caller holds the lock."""
+        now = time.monotonic()
+        top = self._stack[-1] if self._stack else None
+        if top is not None:
+            self.totals[top] += now - self._since
+        self._since = now
+        return top
+
+    @contextmanager
+    def phase(self, name: str):
+        """Count the time inside the ``with`` block as ``name``."""
+        self._push(name)
+        try:
+            yield
+        finally:
+            self._pop()
+
+    def reattribute(self, src: str, dst: str, seconds: float) -> None:
+        """Move already counted time between phases (e.g. a CLI's model time, known from
+        the proxy's records only after the fact, out of ``tool``)."""
+        with self._lock:
+            self._charge()
+            moved = max(0.0, min(seconds, self.totals[src]))
+            self.totals[src] -= moved
+            self.totals[dst] += moved
+
+    def close(self) -> dict[str, float]:
+        """Stop the clock; returns seconds per phase plus ``wall``."""
+        with self._lock:
+            top = self._charge()
+            closed, self._closed = self._closed, True
+        if self.waterlevel is not None and not closed and top is not None:
+            self.waterlevel.move(top, None)
+        out = dict(self.totals)
+        out["wall"] = time.monotonic() - self.start
+        return out
+
+
+@dataclass(kw_only=True)
+class StepRecord:
+    """One env step as the runner keeps it (for reports): the tool, its reward, timing."""
+
+    index: int
+    tool: str
+    reward: float
+    cumulative: float
+    seconds: float
+    partial: float | None = None
+    """The env's interim score after the step, when it reports one."""
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """Plays one episode. ``ctx.step`` is its only way to act on the env."""
+
+    name: str
+
+    def run(self, ctx: EpisodeContext) -> AgentResult: ...

@@ -1,0 +1,144 @@
+"""The episode context: an agent's handle on its env, its model endpoint and its limits."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gyre_env.agents.base import (
+    AgentStop,
+    Cancelled,
+    EndReason,
+    EpisodeClock,
+    EpisodeEnded,
+    LimitsExceeded,
+    ModelEndpoint,
+    StepRecord,
+)
+
+SUBMIT = {"name": "submit", "arguments": {}}
+
+
+@dataclass(kw_only=True)
+class EpisodeContext:
+    """Everything one episode's agent may use. Built by the runner, one per attempt."""
+
+    episode_id: str
+    env: Any
+    """The Gymnasium env (already reset)."""
+    observation: str
+    """The observation ``reset`` returned: the task prompt."""
+    info: dict
+    """The ``info`` ``reset`` returned (``tools``, task metadata)."""
+    clock: EpisodeClock
+    endpoint: ModelEndpoint | None = None
+    """The episode's proxy session; None for agents that need no model (scripted)."""
+    cancel: threading.Event = field(default_factory=threading.Event)
+    """Set by the runner to cancel the episode (run cancelled or time limit hit)."""
+    cancel_reason: EndReason = EndReason.CANCELLED
+    deadline: float = float("inf")
+    """``time.monotonic()`` value after which the episode is over its time limit."""
+    trace: list[StepRecord] = field(default_factory=list)
+    last_info: dict = field(default_factory=dict)
+    total_reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+    @property
+    def tools(self) -> list[dict]:
+        """The tools' JSON schemas from ``info["tools"]``."""
+        return list(self.info.get("tools") or [])
+
+    @property
+    def task_id(self) -> str:
+        return str(self.info.get("task_id") or self.info.get("task", {}).get("id", ""))
+
+    def time_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def check_live(self) -> None:
+        """Raise the matching ``AgentStop`` if the episode was cancelled or is out of time."""
+        if self.cancel.is_set():
+            raise Cancelled(f"episode cancelled ({self.cancel_reason.value})", self.cancel_reason)
+        if time.monotonic() > self.deadline:
+            raise LimitsExceeded("episode time limit reached", EndReason.TIME_LIMIT)
+
+    def sandbox(self):
+        """The env's sandbox (CLI agents run inside it)."""
+        env = getattr(self.env, "unwrapped", self.env)
+        sandbox = getattr(env, "sandbox", None)
+        if sandbox is None:
+            raise TypeError(f"{type(env).__name__} exposes no sandbox; a CLI agent needs one")
+        return sandbox
+
+    def step(self, action: dict) -> tuple[Any, float, bool, bool, dict]:
+        """Execute one tool call with ``env.step``; time it as ``tool`` (``scoring`` for
+        ``submit``) and record it. Raises ``EpisodeEnded`` if the episode is already over."""
+        self.check_live()
+        if self.done:
+            raise EpisodeEnded("the episode is over; no more steps")
+        name = action.get("name", "?") if isinstance(action, dict) else "?"
+        start = time.monotonic()
+        with self.clock.phase("scoring" if name == "submit" else "tool"):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+        seconds = time.monotonic() - start
+        self._attribute_scoring(name, info)
+        self.total_reward += float(reward)
+        self.trace.append(
+            StepRecord(
+                index=len(self.trace),
+                tool=name,
+                reward=float(reward),
+                cumulative=self.total_reward,
+                seconds=seconds,
+                partial=_partial_score(info),
+            )
+        )
+        self.last_info = info
+        self.terminated, self.truncated = bool(terminated), bool(truncated)
+        return obs, float(reward), self.terminated, self.truncated, info
+
+    def _attribute_scoring(self, tool: str, info: dict) -> None:
+        """Move the scoring time an env reports for a step out of ``tool`` (or the other way
+        for ``submit``, whose non-scoring part is tool work)."""
+        timings = info.get("timings") if isinstance(info, dict) else None
+        if not isinstance(timings, dict):
+            return
+        scoring = sum(
+            float(v) for k, v in timings.items() if "scor" in k or "grad" in k or "eval" in k
+        )
+        if tool != "submit" and scoring > 0:
+            self.clock.reattribute("tool", "scoring", scoring)
+
+    def finish(self) -> None:
+        """Grade the episode if the agent stopped without the env ending it: one ``submit``
+        step, so budget and time-limit endings still get the final score of the work done."""
+        if self.done:
+            return
+        try:
+            self.cancel.clear()
+            self.deadline = float("inf")
+            self.step(SUBMIT)
+        except AgentStop:
+            pass
+
+
+def _partial_score(info: dict) -> float | None:
+    if not isinstance(info, dict):
+        return None
+    for key in ("partial_score", "potential", "score"):
+        value = info.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+    rewards = info.get("rewards") or info.get("reward_breakdown")
+    if isinstance(rewards, dict):
+        for key in ("potential", "partial", "interim"):
+            if isinstance(rewards.get(key), (int, float)):
+                return float(rewards[key])
+    return None
