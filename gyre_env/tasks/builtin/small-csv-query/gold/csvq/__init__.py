@@ -1,0 +1,1 @@
+"""Query CSV files."""

@@ -1,0 +1,3 @@
+from csvq.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,5 @@
+"""A todo manager."""
+
+from todo.store import NotFoundError, TodoError, TodoStore
+
+__all__ = ["NotFoundError", "TodoError", "TodoStore"]
