@@ -1,0 +1,158 @@
+"""One packed-tree forward gives exactly what running every root-to-leaf path alone gives.
+
+The model is the real tiny transformer in trainers/; records are synthetic. The reference
+runs each path as an ordinary causal sequence (torch SDPA, positions 0..L-1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gyre_env.trainers.tree_attention import TreeBlockLayout, tree_attention
+from gyre_env.trainers.tree_model import (
+    TreeModelConfig,
+    TreeTransformer,
+    packed_logprobs,
+    tree_policy_loss,
+)
+
+from gyre_env.proxy.records import CallRecord
+from gyre_env.trajectory.packing import pack
+from gyre_env.trajectory.sampling import SampleConfig, bounded_samples
+from gyre_env.trajectory.synthetic import grpo_group, nl2repo_group
+from gyre_env.trajectory.tree import build_trees
+
+TOL = 1e-5
+
+
+def _with_summary(records):
+    """Add a summary call and a compacted main call to the first session."""
+    first = [r for r in records if r.session == records[0].session]
+    last = first[-1]
+    ctx = last.prompt_ids + last.output_ids
+    n = len(records)
+    mk = dict(session=last.session, weight_version=4)
+    summary = CallRecord(
+        call_index=n,
+        branch="sum",
+        parent=last.call_index,
+        role="summary",
+        prompt_ids=ctx + [7, 7],
+        output_ids=[11, 12, 13],
+        output_logprobs=[-0.1, -0.2, -0.3],
+        **mk,
+    )
+    compact = CallRecord(
+        call_index=n + 1,
+        branch="main",
+        parent=None,
+        role="main",
+        prompt_ids=ctx[:5] + [11, 12, 13, 5],
+        output_ids=[21, 22],
+        output_logprobs=[-1.0, -2.0],
+        **mk,
+    )
+    return records + [summary, compact]
+
+
+CASES = {
+    "grpo_shared_prompt": lambda: grpo_group(group_size=4, prompt_len=48, turns=3, turn_tokens=20),
+    "sub_agents_and_summary": lambda: (lambda r, e: (_with_summary(r), e))(
+        *nl2repo_group(spec_len=120, group_size=3, main_tokens=60, sub_tokens=30, turns=4)
+    ),
+}
+
+
+def _setup(case):
+    torch.manual_seed(0)
+    records, episodes = CASES[case]()
+    trees = build_trees(records, episodes)
+    (unit,), _ = bounded_samples(trees, SampleConfig(token_budget=10**6))
+    model = TreeTransformer(TreeModelConfig(vocab_size=1024, d_model=64, n_heads=4, d_ff=128))
+    return trees, unit, model
+
+
+def _key(p, i):
+    return (int(p.tree_index[i]), int(p.node_ids[i]), int(p.position_ids[i]))
+
+
+def _path_logprobs(model, flat):
+    """Logprob of every loss token of the flat layout, each path run alone (causal)."""
+    starts = np.flatnonzero(flat.parent_index < 0).tolist() + [len(flat)]
+    out = {}
+    for a, b in zip(starts[:-1], starts[1:], strict=True):
+        ids = torch.as_tensor(flat.input_ids[a:b])
+        logits = model(ids, torch.arange(b - a), "causal")
+        lp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[1:, None])[:, 0]
+        for i in range(a + 1, b):
+            if flat.loss_mask[i]:
+                out[_key(flat, i)] = lp[i - a - 1]
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tree_logprobs_equal_each_path_alone(case):
+    trees, unit, model = _setup(case)
+    tree, flat = pack(unit), pack(unit, flat=True)
+    assert len(tree) < len(flat) and tree.num_loss_tokens == flat.num_loss_tokens
+    if case == "sub_agents_and_summary":
+        roles = {tree_node.role for t in trees for tree_node in t.nodes if tree_node.sampled}
+        assert roles == {"main", "sub-agent", "summary"}
+    batch = tree.tensors()
+    with torch.no_grad():
+        ref = _path_logprobs(model, flat)
+        keys = [_key(tree, i) for i in np.flatnonzero(tree.loss_mask)]
+        want = torch.stack([ref[k] for k in keys])
+        assert len(ref) == len(keys) == tree.num_loss_tokens
+        for name, attn in [
+            ("dense", tree.dense_mask()),
+            ("block-sparse", TreeBlockLayout(tree.subtree_end, block_size=16)),
+            ("flex", tree.block_mask(block_size=128)),
+        ]:
+            got = packed_logprobs(model, batch, attn)
+            diff = (got - want).abs().max().item()
+            assert diff <= TOL, f"{name}: max abs diff {diff}"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tree_loss_gradient_equals_flat_per_path_gradient(case):
+    trees, unit, model = _setup(case)
+    tree, flat = pack(unit), pack(unit, flat=True)
+    # off-policy behaviour logprobs so that clipping is active on some tokens
+    rng = np.random.default_rng(1)
+    noise = rng.normal(0, 0.3, size=len(flat)).astype(np.float32)
+    flat.behaviour_logprobs = flat.behaviour_logprobs + noise
+    by_key = {_key(flat, i): flat.behaviour_logprobs[i] for i in np.flatnonzero(flat.loss_mask)}
+    for i in np.flatnonzero(tree.loss_mask):
+        tree.behaviour_logprobs[i] = by_key[_key(tree, i)]
+    norm = float(flat.num_loss_tokens)
+
+    def grads(packed, attention):
+        model.zero_grad()
+        batch = packed.tensors()
+        loss = tree_policy_loss(packed_logprobs(model, batch, attention), batch, normalizer=norm)
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in model.parameters()]
+
+    loss_flat, g_flat = grads(flat, TreeBlockLayout(flat.subtree_end, 16))
+    for attn in (tree.dense_mask(), TreeBlockLayout(tree.subtree_end, 16)):
+        loss_tree, g_tree = grads(tree, attn)
+        assert loss_tree == pytest.approx(loss_flat, abs=1e-6)
+        worst = max((a - b).abs().max().item() for a, b in zip(g_tree, g_flat, strict=True))
+        assert worst <= TOL, f"max abs grad diff {worst}"
+
+
+def test_block_sparse_kernel_matches_dense_attention_forward_and_backward():
+    trees, unit, _ = _setup("sub_agents_and_summary")
+    p = pack(unit)
+    n, torch_gen = len(p), torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, n, 8, generator=torch_gen, requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, n, 8, generator=torch_gen)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=p.dense_mask())
+    ref_grads = torch.autograd.grad(ref, (q, k, v), dout)
+    for bs in (7, 32, 128):
+        out = tree_attention(q, k, v, TreeBlockLayout(p.subtree_end, bs))
+        assert (out - ref).abs().max().item() <= TOL
+        for a, b in zip(torch.autograd.grad(out, (q, k, v), dout), ref_grads, strict=True):
+            assert (a - b).abs().max().item() <= TOL

@@ -1,0 +1,133 @@
+"""Bounded samples, GRPO advantages and role weights (synthetic records, real code)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from gyre_env.proxy.records import CallRecord
+from gyre_env.trajectory.packing import pack
+from gyre_env.trajectory.sampling import SampleConfig, bounded_samples, group_advantages
+from gyre_env.trajectory.synthetic import grpo_group, nl2repo_group
+from gyre_env.trajectory.tree import EpisodeInfo, build_trees
+
+
+def rec(session, call, prompt, output):
+    return CallRecord(
+        session=session,
+        call_index=call,
+        branch="main",
+        parent=None,
+        role="main",
+        prompt_ids=prompt,
+        output_ids=output,
+        output_logprobs=[-0.5] * len(output),
+        weight_version=0,
+    )
+
+
+def _tree(**kw):
+    records, episodes = nl2repo_group(
+        spec_len=200, group_size=4, main_tokens=80, sub_tokens=40, turns=4, **kw
+    )
+    return build_trees(records, episodes)
+
+
+def test_advantages_are_reward_minus_group_mean_and_skip_infra_errors():
+    (tree,) = _tree()
+    rewards = {s: e.reward for s, e in tree.episodes.items()}
+    s_bad = sorted(rewards)[0]
+    tree.episodes[s_bad].outcome = "infra_error"
+    adv = group_advantages(tree, SampleConfig())
+    kept = {s: r for s, r in rewards.items() if s != s_bad}
+    mean = sum(kept.values()) / len(kept)
+    assert adv == pytest.approx({s: r - mean for s, r in kept.items()})
+    adv_std = group_advantages(tree, SampleConfig(normalize_std=True))
+    import numpy as np
+
+    std = float(np.std(list(kept.values())))
+    assert adv_std == pytest.approx({s: (r - mean) / (std + 1e-6) for s, r in kept.items()})
+
+
+def test_units_fit_the_budget_and_every_loss_is_carried_exactly_once():
+    trees = _tree() + _tree(seed=5, group="other")
+    budget = 700
+    units, stats = bounded_samples(trees, SampleConfig(token_budget=budget))
+    assert len(units) > 2 and stats.truncated_tokens == 0
+    carried = Counter()
+    for unit in units:
+        packed = pack(unit)
+        assert len(packed) == unit.num_tokens <= budget
+        for part in unit.parts:
+            assert len(part.nodes) == len(set(part.nodes))  # no prefix twice in a unit
+            carried.update((id(part.tree), n) for n in part.loss_nodes)
+    expected = {(id(t), n.id) for t in trees for n in t.nodes if n.sampled}
+    assert set(carried) == expected and max(carried.values()) == 1
+
+
+def test_infra_error_episode_is_kept_in_the_tree_but_not_sampled():
+    (tree,) = _tree()
+    bad = sorted(tree.episodes)[1]
+    tree.episodes[bad].outcome = "infra_error"
+    units, stats = bounded_samples([tree], SampleConfig(token_budget=10**6))
+    assert stats.excluded_episodes == 1
+    nodes = set(units[0].parts[0].nodes)
+    only_bad = {n.id for n in tree.nodes[1:] if n.sessions == {bad}}
+    assert only_bad and not nodes & only_bad
+    packed = pack(units[0])
+    assert packed.num_loss_tokens == sum(
+        len(n) for n in tree.nodes[1:] if n.sampled and n.sessions != {bad}
+    )
+
+
+def test_role_weights_scale_sampled_tokens():
+    (tree,) = _tree()
+    cfg = SampleConfig(role_weights={"main": 1.0, "sub-agent": 0.3, "summary": 0.1})
+    (unit,), _ = bounded_samples([tree], cfg)
+    p = pack(unit)
+    roles = {n.id: n.role for n in tree.nodes}
+    for node_id, w, loss in zip(p.node_ids, p.weights, p.loss_mask, strict=True):
+        if loss:
+            assert w == pytest.approx(cfg.role_weights[roles[node_id]])
+    assert {roles[i] for i in p.node_ids[p.loss_mask]} == {"main", "sub-agent"}
+
+
+def test_shared_sample_sums_weights_and_averages_advantages():
+    eps = [
+        EpisodeInfo(session="a", group="g", reward=1.0),
+        EpisodeInfo(session="b", group="g", reward=0.0),
+    ]
+    (tree,) = build_trees([rec("a", 0, [1, 2], [3, 4]), rec("b", 0, [1, 2], [3, 5])], eps)
+    (unit,), _ = bounded_samples([tree])
+    p = pack(unit)
+    i3 = list(p.input_ids).index(3)
+    assert p.weights[i3] == 2.0 and p.advantages[i3] == pytest.approx(0.0)
+    i4 = list(p.input_ids).index(4)
+    assert p.weights[i4] == 1.0 and p.advantages[i4] == pytest.approx(0.5)
+
+
+def test_overlong_path_is_truncated_or_rejected():
+    records, episodes = grpo_group(group_size=2, prompt_len=64, turns=3, turn_tokens=32)
+    trees = build_trees(records, episodes)
+    units, stats = bounded_samples(trees, SampleConfig(token_budget=100))
+    assert stats.truncated_tokens > 0 and all(u.num_tokens <= 100 for u in units)
+    with pytest.raises(ValueError, match="exceeds token_budget=100"):
+        bounded_samples(trees, SampleConfig(token_budget=100, overflow="error"))
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"token_budget": 0}, "token_budget"),
+        (
+            {"role_weights": {"main": 1.0, "sub-agent": 1.0, "summary": 1.0, "critic": 1.0}},
+            "critic",
+        ),
+        ({"role_weights": {"main": 1.0}}, "missing roles"),
+        ({"overflow": "wrap"}, "overflow"),
+    ],
+)
+def test_config_rejects_bad_values(kw, match):
+    with pytest.raises(ValueError, match=match):
+        SampleConfig(**kw)
