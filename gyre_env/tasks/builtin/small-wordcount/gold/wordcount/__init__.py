@@ -1,0 +1,1 @@
+"""A wc clone with word frequencies."""
