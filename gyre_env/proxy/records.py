@@ -51,6 +51,9 @@ class CallRecord:
     """Unix time the call was received."""
     extra: dict = field(default_factory=dict)
     """Free-form metadata (e.g. passthrough text traces)."""
+    prefix_len: int = 0
+    """Leading ``prompt_ids`` copied verbatim from the parent call's prompt+output ids
+    (``0`` when the prompt was tokenized whole); the rest were tokenized for this call."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -69,19 +72,35 @@ class RecordSink(Protocol):
 
 
 class JsonlSink:
-    """Appends one JSON line per record; each line is flushed as it is written."""
+    """Appends one JSON line per record; each line is flushed as it is written.
 
-    def __init__(self, path: str | Path):
+    With ``compact=True`` a record whose prompt extends its parent's ids (``prefix_len``)
+    is written as ``"prompt_ids": null`` plus ``"prompt_suffix_ids"`` (the ids after the
+    prefix), so a long session's file grows with its new tokens rather than with the
+    context at every call. :func:`read_jsonl` restores the full ``prompt_ids``. Only a
+    parent written earlier to the same file is referenced this way.
+    """
+
+    def __init__(self, path: str | Path, *, compact: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.compact = compact
+        self._written: dict[str, set[int]] = {}
         self._lock = threading.Lock()
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: CallRecord) -> None:
-        line = json.dumps(record.to_dict(), separators=(",", ":")) + "\n"
+        data = record.to_dict()
         with self._lock:
+            seen = self._written.setdefault(record.session, set()) if self.compact else None
+            if seen is not None and record.prefix_len and record.parent in seen:
+                data["prompt_suffix_ids"] = data["prompt_ids"][record.prefix_len :]
+                data["prompt_ids"] = None
+            line = json.dumps(data, separators=(",", ":")) + "\n"
             self._fh.write(line)
             self._fh.flush()
+            if seen is not None:
+                seen.add(record.call_index)
 
     def close(self) -> None:
         with self._lock:
@@ -90,12 +109,22 @@ class JsonlSink:
 
 
 def read_jsonl(path: str | Path) -> list[CallRecord]:
-    """Read records back; a torn last line (a crash mid-write) is ignored."""
+    """Read records back; a torn last line (a crash mid-write) is ignored. Compact lines
+    (see :class:`JsonlSink`) get their full ``prompt_ids`` back from their parent."""
     out = []
+    by_call: dict[tuple[str, int], CallRecord] = {}
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             try:
-                out.append(CallRecord.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, TypeError):
+                data = json.loads(line)
+                suffix = data.pop("prompt_suffix_ids", None)
+                if data.get("prompt_ids") is None and suffix is not None:
+                    parent = by_call[(data["session"], data["parent"])]
+                    head = (parent.prompt_ids + parent.output_ids)[: data["prefix_len"]]
+                    data["prompt_ids"] = head + suffix
+                record = CallRecord.from_dict(data)
+            except (json.JSONDecodeError, TypeError, KeyError):
                 continue
+            by_call[(record.session, record.call_index)] = record
+            out.append(record)
     return out

@@ -1,0 +1,132 @@
+"""The API-independent chat request, its errors, and field checks shared by both APIs.
+
+Requests are checked by hand, field by field, so that a wrong type is a 400 that names the
+field (``messages[2].content: expected a string or a list of blocks, got int``) in the
+API's own error shape, and so that a 128k-token body costs one JSON parse, not a model
+validation pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class RequestError(ValueError):
+    """A bad request: becomes an HTTP error in the API's own shape."""
+
+    def __init__(
+        self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None
+    ):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.code = code
+
+
+@dataclass(kw_only=True)
+class ChatRequest:
+    """A chat call in internal form (see :mod:`gyre_env.proxy.render` for messages)."""
+
+    api: str
+    """``openai`` or ``anthropic``: decides the response shape."""
+    model: str
+    messages: list[dict]
+    tools: list[dict] | None = None
+    """OpenAI function-tool schemas (Anthropic tools are converted)."""
+    parse_tools: bool = True
+    """False when tool_choice is none: tools are not offered and output is plain text."""
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    """OpenAI ``stream_options.include_usage``: a last chunk carries usage."""
+
+
+def type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+    }.get(type(value), type(value).__name__)
+
+
+def expect(value: object, kinds: tuple, where: str, what: str) -> None:
+    """Raise RequestError unless ``value`` is one of ``kinds`` (bool is not a number)."""
+    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+    if not ok:
+        raise RequestError(f"{where}: expected {what}, got {type_name(value)}", param=where)
+
+
+def opt_number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    expect(value, (int, float), key, "a number")
+    if not lo <= value <= hi:
+        raise RequestError(f"{key}: must be between {lo:g} and {hi:g}, got {value}", param=key)
+    return float(value)
+
+
+def opt_int(body: dict, key: str, lo: int = 0) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    expect(value, (int,), key, "an integer")
+    if value < lo:
+        raise RequestError(f"{key}: must be at least {lo}, got {value}", param=key)
+    return value
+
+
+def opt_bool(body: dict, key: str, default: bool = False) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    expect(value, (bool,), key, "a boolean")
+    return value
+
+
+def opt_object(body: dict, key: str) -> dict | None:
+    value = body.get(key)
+    if value is not None:
+        expect(value, (dict,), key, "an object")
+    return value
+
+
+def stop_list(value: object, key: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    expect(value, (list,), key, "a string or an array of strings")
+    for k, item in enumerate(value):
+        expect(item, (str,), f"{key}[{k}]", "a string")
+    return list(value)
+
+
+def text_of_parts(parts: object, where: str, allowed: tuple[str, ...] = ("text",)) -> str:
+    """Join a string or a list of ``{"type": "text", "text": ...}`` parts into one string."""
+    if isinstance(parts, str):
+        return parts
+    expect(parts, (list,), where, "a string or an array of content parts")
+    out = []
+    for k, part in enumerate(parts):
+        expect(part, (dict,), f"{where}[{k}]", "an object")
+        kind = part.get("type")
+        if kind not in allowed:
+            raise RequestError(
+                f"{where}[{k}].type: unsupported content type {kind!r}", param=f"{where}[{k}].type"
+            )
+        text = part.get("text")
+        expect(text, (str,), f"{where}[{k}].text", "a string")
+        out.append(text)
+    return "\n".join(out)

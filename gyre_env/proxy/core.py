@@ -1,0 +1,275 @@
+"""One model call, API-independent: plan the prompt ids, route, stream, parse, record.
+
+:class:`ProxyCore` is what both HTTP APIs call. ``prepare`` (synchronous checks: session,
+branch, prompt ids, context length) raises :class:`RequestError` before any response is
+started; ``events`` then yields text pieces, tool calls, pings and one final
+:class:`Finished`, and writes the call's :class:`CallRecord` however it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from gyre_env.engines.base import Engine, SamplingParams
+from gyre_env.proxy.chat import ChatRequest, RequestError
+from gyre_env.proxy.metrics import ProxyMetrics
+from gyre_env.proxy.records import CallRecord, RecordSink
+from gyre_env.proxy.render import (
+    ChatRenderer,
+    IncrementalDecoder,
+    StopStringMatcher,
+    ToolCall,
+    ToolCallParser,
+    reply_key,
+    split_output,
+)
+from gyre_env.proxy.router import PING, NoReplicaError, Router, RouteTrace
+from gyre_env.proxy.sessions import (
+    BranchClassifier,
+    CallContext,
+    PromptPlan,
+    Session,
+    SessionStore,
+    default_classifier,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class Finished:
+    """Last event of a call."""
+
+    finish: str
+    """Engine-level reason: ``stop`` or ``length``."""
+    stop_sequence: str | None
+    prompt_tokens: int
+    output_tokens: int
+    text: str
+    tool_calls: list[ToolCall]
+
+
+@dataclass(kw_only=True)
+class Prepared:
+    req: ChatRequest
+    session: Session
+    plan: PromptPlan
+    call_index: int
+    params: SamplingParams
+    created: float
+    t0: float
+    render_s: float
+
+
+class ProxyCore:
+    """Sessions, rendering, routing and recording for every call."""
+
+    def __init__(
+        self,
+        *,
+        engines: list[Engine],
+        tokenizer,
+        sink: RecordSink | None = None,
+        classifier: BranchClassifier = default_classifier,
+        default_max_tokens: int = 1024,
+        verify_render: bool = False,
+        max_sessions: int = 4096,
+        max_calls_per_session: int = 512,
+        router_options: dict | None = None,
+    ):
+        self.renderer = ChatRenderer(tokenizer)
+        self.router = Router(engines, **(router_options or {}))
+        self.sessions = SessionStore(max_sessions=max_sessions, max_nodes=max_calls_per_session)
+        self.sink = sink
+        self.classifier = classifier
+        self.default_max_tokens = default_max_tokens
+        self.verify_render = verify_render
+        self.metrics = ProxyMetrics()
+
+    @property
+    def context_length(self) -> int:
+        return self.router.context_length
+
+    def prepare(self, req: ChatRequest, session_name: str, headers: dict[str, str]) -> Prepared:
+        """Decide branch and prompt ids; raise RequestError if the call cannot run."""
+        created, t0 = time.time(), time.perf_counter()
+        session = self.sessions.get(session_name)
+        role = self.classifier(
+            CallContext(session=session_name, messages=req.messages, headers=headers, api=req.api)
+        )
+        plan = session.plan(self.renderer, req.messages, req.tools, role, verify=self.verify_render)
+        self.metrics.render_mismatches += int(plan.render_mismatch)
+        limit = self.context_length
+        room = limit - len(plan.prompt_ids)
+        if room < 1:
+            session.abandon(plan)
+            raise RequestError(
+                f"prompt is {len(plan.prompt_ids)} tokens; the model's context is {limit} tokens "
+                "(prompt plus at least one generated token)",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        wanted = req.max_tokens or self.default_max_tokens
+        params = SamplingParams(
+            max_new_tokens=min(wanted, room),
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            stop_token_ids=self.renderer.stop_token_ids,
+            seed=req.seed,
+        )
+        self.metrics.new_branches += int(plan.new_branch)
+        return Prepared(
+            req=req,
+            session=session,
+            plan=plan,
+            call_index=session.next_call_index(),
+            params=params,
+            created=created,
+            t0=t0,
+            render_s=time.perf_counter() - t0,
+        )
+
+    async def events(self, prep: Prepared) -> AsyncIterator[object]:
+        """Yield ``PING``, text pieces (str), ToolCall s, then one Finished."""
+        decoder = IncrementalDecoder(self.renderer)
+        stops = StopStringMatcher(prep.req.stop)
+        parser = ToolCallParser(enabled=prep.req.parse_tools)
+        trace = RouteTrace()
+        out_ids: list[int] = []
+        logprobs: list[float] = []
+        pieces: list[str | ToolCall] = []
+        finish, error, done = "abort", None, False
+        try:
+            stream = self.router.stream(prep.session.name, prep.plan.prompt_ids, prep.params, trace)
+            async with contextlib.aclosing(stream):
+                async for item in stream:
+                    if item is PING:
+                        yield PING
+                        continue
+                    out_ids += item.ids
+                    logprobs += item.logprobs
+                    for piece in parser.push(stops.push(decoder.push(item.ids))):
+                        pieces.append(piece)
+                        yield piece
+                    if stops.matched is not None or item.finish_reason:
+                        finish = "stop" if stops.matched is not None else item.finish_reason
+                        break
+            tail = stops.push(decoder.flush()) + stops.flush()
+            for piece in parser.push(tail) + parser.flush():
+                pieces.append(piece)
+                yield piece
+            text, calls = split_output(pieces)
+            done = True  # the call is complete even if the consumer stops at Finished
+            yield Finished(
+                finish=finish,
+                stop_sequence=stops.matched,
+                prompt_tokens=len(prep.plan.prompt_ids),
+                output_tokens=len(out_ids),
+                text=text,
+                tool_calls=calls,
+            )
+        except NoReplicaError as e:
+            finish, error = "error", str(e)
+            raise RequestError(str(e), status=503, code="no_replica") from e
+        except (asyncio.CancelledError, GeneratorExit):
+            if not done:
+                finish, error = "abort", "client went away"
+            raise
+        except Exception as e:
+            finish, error = "error", f"{type(e).__name__}: {e}"
+            log.exception("call %s/%d failed", prep.session.name, prep.call_index)
+            raise RequestError(f"internal error: {error}", status=500) from e
+        finally:
+            self._finish(prep, trace, out_ids, logprobs, finish, pieces, stops.matched, error)
+
+    def _finish(
+        self,
+        prep: Prepared,
+        trace: RouteTrace,
+        out_ids: list[int],
+        logprobs: list[float],
+        finish: str,
+        pieces: list,
+        stop_seq: str | None,
+        error: str | None,
+    ) -> None:
+        text, calls = split_output(pieces)
+        ok = finish in ("stop", "length")
+        if ok:
+            calls_key = [(c.name, c.arguments) for c in calls]
+            closing = self.renderer.closing_after(out_ids)
+            prep.session.commit(
+                prep.plan, prep.call_index, out_ids, reply_key(text, calls_key), closing
+            )
+        else:
+            prep.session.abandon(prep.plan)
+        total = time.perf_counter() - prep.t0
+        record_finish = "tool_calls" if (finish == "stop" and calls) else finish
+        self.metrics.observe(
+            session=prep.session.name,
+            replica=",".join(trace.replicas),
+            prompt=len(prep.plan.prompt_ids),
+            output=len(out_ids),
+            reused=prep.plan.prefix_len,
+            queue_s=trace.queue_s,
+            latency_s=total,
+            error=not ok,
+        )
+        if self.sink is None:
+            return
+        versions = sorted(set(trace.weight_versions))
+        extra: dict = {"model": prep.req.model}
+        if stop_seq is not None:
+            extra["stop_sequence"] = stop_seq
+        if trace.retries:
+            extra["retries"] = trace.retries
+        if len(versions) > 1:
+            extra["weight_versions"] = versions
+        if error:
+            extra["error"] = error
+        p = prep.params
+        record = CallRecord(
+            session=prep.session.name,
+            call_index=prep.call_index,
+            branch=prep.plan.branch,
+            parent=prep.plan.parent.call_index if prep.plan.parent is not None else None,
+            role=prep.plan.role,
+            prompt_ids=prep.plan.prompt_ids,
+            output_ids=out_ids,
+            output_logprobs=logprobs,
+            weight_version=versions[-1]
+            if versions
+            else self.router.replicas[0].engine.weight_version,
+            sampling={
+                "temperature": p.temperature,
+                "top_p": p.top_p,
+                "top_k": p.top_k,
+                "max_new_tokens": p.max_new_tokens,
+                "stop": prep.req.stop,
+                "stop_token_ids": p.stop_token_ids,
+                "seed": p.seed,
+            },
+            finish_reason=record_finish,
+            timings={
+                "queue": trace.queue_s,
+                "prefill": trace.first_token_s,
+                "decode": max(trace.engine_s - trace.first_token_s, 0.0),
+                "render": prep.render_s,
+                "total": total,
+            },
+            replica=",".join(trace.replicas),
+            api=prep.req.api,
+            created=prep.created,
+            extra=extra,
+            prefix_len=prep.plan.prefix_len,
+        )
+        try:
+            self.sink.write(record)
+        except Exception:  # a failing sink must not take calls down with it
+            log.exception("record sink failed for %s/%d", prep.session.name, prep.call_index)

@@ -1,0 +1,309 @@
+"""Sessions, branches and prefix reuse: which exact ids a call's prompt starts with.
+
+Each session (one episode) keeps a node per model call. A node remembers a hash chain of
+the messages that produced it (plus its reply) and the exact prompt+output ids. A new
+request whose messages extend a node's messages and reply reuses those ids verbatim and
+tokenizes only what follows (:meth:`ChatRenderer.render_delta`); the sampled ids are never
+re-tokenized. A request that extends no node is rendered in full and starts a new branch.
+
+Where templates re-render earlier turns differently — an assistant turn whose JSON or
+thinking the template reformats, a stop string the client never saw, a reply cut at the
+length limit — the recorded ids stay the ones sampled, and the template's turn closing
+is appended after them (:meth:`ChatRenderer.closing_after`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gyre_env.proxy.records import BranchRole
+from gyre_env.proxy.render import ChatRenderer, reply_key
+
+COMPACTION_MARKER = "CRITICAL: Respond with TEXT ONLY"
+SUBAGENT_BILLING_MARK = "cc_is_subagent=true"
+
+
+@dataclass(kw_only=True)
+class CallContext:
+    """What a branch classifier sees about a call."""
+
+    session: str
+    messages: list[dict]
+    """Internal-form messages (system text included as the first message, if any)."""
+    headers: dict[str, str]
+    """Request headers, lower-cased names."""
+    api: str
+
+
+BranchClassifier = Callable[[CallContext], BranchRole]
+
+
+def default_classifier(ctx: CallContext) -> BranchRole:
+    """Recognises Claude Code's calls: a compaction request (its last user message starts
+    a ``CRITICAL: Respond with TEXT ONLY`` block) is ``summary``; a sub-agent (header
+    ``x-claude-code-agent-id`` or ``cc_is_subagent=true`` in the system prompt) is
+    ``sub-agent``; everything else is ``main``."""
+    for msg in reversed(ctx.messages):
+        if msg["role"] == "user":
+            if COMPACTION_MARKER in (msg.get("content") or ""):
+                return "summary"
+            break
+    if "x-claude-code-agent-id" in ctx.headers:
+        return "sub-agent"
+    for msg in ctx.messages:
+        if msg["role"] != "system":
+            break
+        if SUBAGENT_BILLING_MARK in (msg.get("content") or ""):
+            return "sub-agent"
+    return "main"
+
+
+def message_key(msg: dict) -> tuple:
+    """Hashable identity of one internal message (assistant ids of tool calls excluded)."""
+    if msg["role"] == "assistant":
+        calls = [
+            (c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or ()
+        ]
+        return ("assistant", reply_key(msg.get("content") or "", calls))
+    return (
+        msg["role"],
+        msg.get("content") or "",
+        msg.get("tool_call_id") or "",
+        msg.get("name") or "",
+    )
+
+
+def chain_hashes(messages: list[dict], tools: list[dict] | None) -> list[int]:
+    """``h[i]`` identifies (tools, messages[:i]); cost is one pass over the messages."""
+    tools_blob = json.dumps(tools, sort_keys=True) if tools else ""
+    h = [hash(("tools", tools_blob))]
+    for msg in messages:
+        h.append(hash((h[-1], message_key(msg))))
+    return h
+
+
+@dataclass(eq=False)
+class Node:
+    """One finished call in a session's tree."""
+
+    call_index: int
+    branch: str
+    role: BranchRole
+    prompt_hash: int
+    reply_hash: int
+    n_prompt: int
+    n_total: int
+    closing: str
+    """Text appended after this call's output when a later prompt extends it."""
+    ids: list[int] | None
+    """prompt+output ids; dropped once a same-branch child holds them (see ``holder``)."""
+    parent: Node | None = None
+    prefix_len: int = 0
+    holder: Node | None = None
+    claimed: bool = False
+    """A later call continues this node's branch (others extending it fork a new one)."""
+
+    def full_ids(self) -> list[int]:
+        node = self
+        while node.ids is None:
+            node = node.holder
+        return node.ids if node is self else node.ids[: self.n_total]
+
+
+@dataclass(kw_only=True)
+class PromptPlan:
+    """How a request's prompt is built, decided before generation."""
+
+    prompt_ids: list[int]
+    parent: Node | None
+    prefix_len: int
+    """Leading ids copied from ``parent`` (prompt+output); the rest were tokenized now."""
+    branch: str
+    role: BranchRole
+    prompt_hash: int
+    new_branch: bool
+    render_mismatch: bool = False
+
+
+@dataclass
+class Session:
+    """Calls of one episode. Planning and committing take the session's lock briefly."""
+
+    name: str
+    max_nodes: int = 512
+    calls: int = 0
+    branches: int = 0
+    nodes: OrderedDict = field(default_factory=OrderedDict)
+    by_reply: dict = field(default_factory=dict)
+    by_prompt: dict = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def plan(
+        self,
+        renderer: ChatRenderer,
+        messages: list[dict],
+        tools: list[dict] | None,
+        role: BranchRole,
+        *,
+        verify: bool = False,
+    ) -> PromptPlan:
+        """Choose the parent call and build the prompt ids (reusing the parent's ids)."""
+        hashes = chain_hashes(messages, tools)
+        node, i, ids = None, 0, None
+        with self.lock:
+            same = self.by_prompt.get(hashes[-1])
+            if same is not None:  # the same prompt again (a retry, or several samples)
+                return PromptPlan(
+                    prompt_ids=same.full_ids()[: same.n_prompt],
+                    parent=same.parent,
+                    prefix_len=same.prefix_len,
+                    branch=self._new_branch(),
+                    role=role,
+                    prompt_hash=hashes[-1],
+                    new_branch=True,
+                )
+            for i in range(len(messages) - 1, 0, -1):
+                node = self.by_reply.get(hashes[i])
+                if node is not None and messages[i - 1]["role"] == "assistant":
+                    ids = node.full_ids()
+                    break
+                node = None
+        if node is None:
+            prompt_ids = renderer.encode(renderer.render(messages, tools))
+            with self.lock:
+                branch = self._new_branch()
+            return PromptPlan(
+                prompt_ids=prompt_ids,
+                parent=None,
+                prefix_len=0,
+                branch=branch,
+                role=role,
+                prompt_hash=hashes[-1],
+                new_branch=True,
+            )
+        head = _leading_system(messages[: i - 1])
+        delta = renderer.render_delta(head, messages[i - 1], messages[i:], tools)
+        mismatch = False
+        if verify:
+            exact = _exact_delta(renderer, messages, i, tools)
+            mismatch = exact != delta
+            delta = exact if exact is not None else delta
+        suffix = renderer.encode(node.closing + delta)
+        with self.lock:
+            if role == node.role and not node.claimed:
+                node.claimed, branch, new_branch = True, node.branch, False
+            else:
+                branch, new_branch = self._new_branch(), True
+        return PromptPlan(
+            prompt_ids=ids + suffix,
+            parent=node,
+            prefix_len=len(ids),
+            branch=branch,
+            role=role,
+            prompt_hash=hashes[-1],
+            new_branch=new_branch,
+            render_mismatch=mismatch,
+        )
+
+    def _new_branch(self) -> str:
+        """A fresh branch id; the caller holds the lock."""
+        name = f"b{self.branches}"
+        self.branches += 1
+        return name
+
+    def abandon(self, plan: PromptPlan) -> None:
+        """A planned call failed: let the next extension of its parent continue the branch."""
+        parent = plan.parent
+        if parent is not None and not plan.new_branch:
+            with self.lock:
+                parent.claimed = False
+
+    def next_call_index(self) -> int:
+        with self.lock:
+            index = self.calls
+            self.calls += 1
+        return index
+
+    def commit(
+        self, plan: PromptPlan, call_index: int, output_ids: list[int], reply: tuple, closing: str
+    ) -> Node:
+        """Remember a finished call so later requests can extend it."""
+        total = plan.prompt_ids + output_ids
+        node = Node(
+            call_index=call_index,
+            branch=plan.branch,
+            role=plan.role,
+            prompt_hash=plan.prompt_hash,
+            reply_hash=hash((plan.prompt_hash, ("assistant", reply))),
+            n_prompt=len(plan.prompt_ids),
+            n_total=len(total),
+            closing=closing,
+            ids=total,
+            parent=plan.parent,
+            prefix_len=plan.prefix_len,
+        )
+        with self.lock:
+            parent = plan.parent
+            if parent is not None and not plan.new_branch and parent.ids is not None:
+                parent.ids, parent.holder = None, node  # the child's ids start with the parent's
+            self.nodes[call_index] = node
+            self.by_reply[node.reply_hash] = node
+            self.by_prompt[node.prompt_hash] = node
+            while len(self.nodes) > self.max_nodes:
+                self._forget(self.nodes.popitem(last=False)[1])
+        return node
+
+    def _forget(self, node: Node) -> None:
+        if self.by_reply.get(node.reply_hash) is node:
+            del self.by_reply[node.reply_hash]
+        if self.by_prompt.get(node.prompt_hash) is node:
+            del self.by_prompt[node.prompt_hash]
+
+
+def _leading_system(messages: list[dict]) -> list[dict]:
+    head = []
+    for msg in messages:
+        if msg["role"] != "system":
+            break
+        head.append(msg)
+    return head
+
+
+def _exact_delta(renderer: ChatRenderer, messages: list[dict], i: int, tools) -> str | None:
+    """The new messages' text cut from a full render (cost grows with the context), or
+    None when the template does not render the earlier turns as a prefix."""
+    before = renderer.render(messages[:i], tools, generation_prompt=False)
+    full = renderer.render(messages, tools, generation_prompt=True)
+    return full[len(before) :] if full.startswith(before) else None
+
+
+class SessionStore:
+    """Sessions by name, least recently used evicted beyond ``max_sessions``."""
+
+    def __init__(self, *, max_sessions: int = 4096, max_nodes: int = 512):
+        self.max_sessions = max_sessions
+        self.max_nodes = max_nodes
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> Session:
+        with self._lock:
+            session = self._sessions.get(name)
+            if session is None:
+                session = self._sessions[name] = Session(name, max_nodes=self.max_nodes)
+                while len(self._sessions) > self.max_sessions:
+                    self._sessions.popitem(last=False)
+            else:
+                self._sessions.move_to_end(name)
+            return session
+
+    def drop(self, name: str) -> bool:
+        with self._lock:
+            return self._sessions.pop(name, None) is not None
+
+    def __len__(self) -> int:
+        return len(self._sessions)
