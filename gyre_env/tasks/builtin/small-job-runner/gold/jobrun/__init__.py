@@ -1,0 +1,1 @@
+"""A thread pool and a parallel command runner."""
