@@ -1,7 +1,8 @@
 #!/bin/sh
 # Provisions Gyre's base sandbox image; run as root by the Dockerfile next to it, on either
 # python:3.11-slim or a debootstrap rootfs. Inputs (build args, seen as environment):
-# GYRE_APT_PACKAGES, GYRE_PIP_REQUIREMENTS, GYRE_EXTRA_PIP, PIP_INDEX_URL.
+# GYRE_APT_PACKAGES, GYRE_PIP_REQUIREMENTS, GYRE_EXTRA_PIP, PIP_INDEX_URL, and GYRE_WHEELS:
+# a folder of wheels to install from with no network (the debootstrap build's chroot).
 set -eu
 
 missing=""
@@ -22,9 +23,14 @@ rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
 # The sandbox is the whole machine of one episode: let pip install into the system Python.
 rm -f /usr/lib/python3*/EXTERNALLY-MANAGED
 
-echo "gyre-image-setup: pip install $GYRE_PIP_REQUIREMENTS $GYRE_EXTRA_PIP"
+if [ -n "${GYRE_WHEELS:-}" ]; then
+    source_args="--no-index --find-links $GYRE_WHEELS"
+else
+    source_args="--index-url ${PIP_INDEX_URL:-https://pypi.org/simple}"
+fi
+echo "gyre-image-setup: pip install $GYRE_PIP_REQUIREMENTS ${GYRE_EXTRA_PIP:-} ($source_args)"
 python3 -m pip install --no-cache-dir --disable-pip-version-check --root-user-action=ignore \
-    --index-url "$PIP_INDEX_URL" $GYRE_PIP_REQUIREMENTS $GYRE_EXTRA_PIP
+    $source_args $GYRE_PIP_REQUIREMENTS ${GYRE_EXTRA_PIP:-}
 
 id gyre >/dev/null 2>&1 || useradd --create-home --uid 1000 --shell /bin/bash gyre
 mkdir -p /workspace

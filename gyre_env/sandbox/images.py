@@ -30,15 +30,14 @@ must add; DockerSandbox reads it).
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
+import platform
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -46,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gyre_env._optional import require
+from gyre_env.sandbox import hostusr
 
 DEFAULT_TAG = "gyre-base:latest"
 METHODS = ("auto", "dockerfile", "debootstrap", "host-usr")
@@ -58,7 +58,8 @@ DEBIAN_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 RECIPE_VERSION = "1"  # bump when this module changes what goes into an image
 DOCKERFILE = Path(__file__).with_name("Dockerfile")
 SETUP_SCRIPT = Path(__file__).with_name("gyre-image-setup.sh")
-_ROOTFS_REPO = "gyre-rootfs"
+DEBIAN_PYTHON = "3.11"  # the python3 of DEBIAN_SUITE, for which wheels are fetched
+_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Left out of the imported rootfs: Docker provides /dev, /proc, /sys; apt caches are dead weight.
 _ROOTFS_EXCLUDES = (
     "./dev/*",
@@ -73,30 +74,6 @@ _SMOKE_CHECK = (
     ' && test "$(echo Z3lyZQ== | base64 -d)" = gyre && ps -p 1 >/dev/null'
     " && tar --version >/dev/null && command -v kill >/dev/null && echo gyre-image-ok"
 )
-
-# host-usr: top-level folders that are symlinks into /usr on merged-/usr hosts (else bound).
-_SYSTEM_TOPS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
-_HOST_USR_LAYOUT = "1"  # bump when the tiny rootfs below changes
-_HOST_USR_DIRS = [
-    ("etc", 0o755, 0),
-    ("tmp", 0o1777, 0),
-    ("var", 0o755, 0),
-    ("var/tmp", 0o1777, 0),
-    ("run", 0o755, 0),
-    ("root", 0o700, 0),
-    ("home", 0o755, 0),
-    ("home/gyre", 0o755, 1000),
-    ("workspace", 0o755, 1000),
-    ("proc", 0o755, 0),
-    ("sys", 0o755, 0),
-    ("dev", 0o755, 0),
-]
-_HOST_USR_FILES = {
-    "etc/passwd": "root:x:0:0:root:/root:/bin/bash\ngyre:x:1000:1000::/home/gyre:/bin/bash\n"
-    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-    "etc/group": "root:x:0:\ngyre:x:1000:\nnogroup:x:65534:\n",
-    "etc/nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
-}
 
 Progress = Callable[[str], None]
 
@@ -147,29 +124,39 @@ def build_base_image(
         raise ValueError("host-usr images use the host Python's packages; install extras there")
     start = time.monotonic()
     client = _client()
-    existing = _image_labels(client, tag) or {}
-    candidates = [method] if method != "auto" else [existing.get(LABEL_METHOD, "")]
-    for candidate in candidates:
-        if candidate in METHODS[1:] and not force:
-            recipe = recipe_hash(candidate, extra)
-            if existing.get(LABEL_RECIPE) == recipe:
-                progress(f"{tag}: up to date ({candidate}, recipe {recipe}); --force rebuilds")
-                return _result(client, tag, candidate, recipe, True, start)
+    old = _image(client, tag)
+    existing = (old.labels or {}) if old is not None else {}
+    known = method if method != "auto" else existing.get(LABEL_METHOD, "")
+    if known in METHODS[1:] and not force:
+        recipe = recipe_hash(known, extra)
+        if existing.get(LABEL_RECIPE) == recipe:
+            progress(f"{tag}: up to date ({known}, recipe {recipe}); --force rebuilds")
+            return _result(client, tag, known, recipe, True, start)
     if method == "auto":
         method = choose_method(client, progress)
     recipe = recipe_hash(method, extra)
     labels = {LABEL_METHOD: method, LABEL_RECIPE: recipe}
+    # Built under a staging name and tagged only once its tools check out, so a failed
+    # build never replaces a working image.
+    repo, name = _split_ref(tag)
+    staging = f"{repo}:gyre-staging-{recipe}"
     progress(f"{tag}: building with method {method} (recipe {recipe})")
     if method == "host-usr":
-        _build_host_usr(client, tag, labels, progress)
+        _build_host_usr(client, staging, labels, progress)
+    elif method == "debootstrap":
+        mirror = mirror or debian_mirror()
+        _build_debootstrap(client, staging, labels, extra, mirror, pip_index_url, progress)
     else:
-        base = _dockerfile_args()["BASE"]
-        if method == "debootstrap":
-            base = _rootfs_image(client, mirror or debian_mirror(), force, progress)
-        _docker_build(client, tag, base, labels, extra, pip_index_url, progress)
+        _docker_build(client, staging, labels, extra, pip_index_url, progress)
     progress(f"{tag}: checking the tools inside (network none)")
-    smoke_check(tag)
+    try:
+        smoke_check(staging)
+        client.images.get(staging).tag(repo, name)
+    finally:
+        client.images.remove(staging)
     result = _result(client, tag, method, recipe, False, start)
+    if old is not None and old.id != result.image_id:
+        _remove_quietly(client, old.id)  # the image this one replaced, unless still in use
     progress(f"{tag}: built in {result.seconds:.1f} s ({result.image_id[:19]})")
     return result
 
@@ -204,7 +191,11 @@ def recipe_hash(method: str, extra_requirements: Sequence[str] = ()) -> str:
     h = hashlib.sha256()
     parts = [RECIPE_VERSION, method, *extra_requirements]
     if method == "host-usr":
-        parts += [json.dumps(host_usr_mounts()), json.dumps(_host_usr_env()), _HOST_USR_LAYOUT]
+        parts += [
+            json.dumps(hostusr.mounts()),
+            json.dumps(hostusr.image_env()),
+            hostusr.LAYOUT_VERSION,
+        ]
     else:
         parts += [DOCKERFILE.read_text(), SETUP_SCRIPT.read_text()]
     if method == "debootstrap":
@@ -332,31 +323,95 @@ def _debootstrap_problem() -> str | None:
     return None
 
 
-def _rootfs_image(client, mirror: str, force: bool, progress: Progress) -> str:
-    """A ``gyre-rootfs:bookworm-<hash>`` image from debootstrap, built once and reused."""
-    packages = _dockerfile_args()["GYRE_APT_PACKAGES"].split()
-    key = hashlib.sha256(f"{RECIPE_VERSION} {DEBIAN_SUITE} {packages}".encode()).hexdigest()
-    ref = f"{_ROOTFS_REPO}:{DEBIAN_SUITE}-{key[:12]}"
-    if not force and _image_labels(client, ref) is not None:
-        progress(f"reusing root filesystem image {ref}")
-        return ref
+def _build_debootstrap(client, tag, labels, extra, mirror, pip_index_url, progress) -> None:
+    """debootstrap a rootfs, run the setup script in it (chroot, no network: pip installs
+    from wheels the host downloaded with its own pip config), import it as one layer."""
     problem = _debootstrap_problem()
     if problem:
         raise ImageBuildError(f"cannot build the offline image: {problem}")
+    args = _dockerfile_args()
     work = tempfile.mkdtemp(prefix="gyre-rootfs-", dir=os.environ.get("GYRE_BUILD_DIR"))
     rootfs = os.path.join(work, "rootfs")
     try:
-        _run_debootstrap(rootfs, mirror, packages, progress)
-        progress(f"importing {rootfs} as {ref}")
-        changes = [
-            "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "ENV LANG=C.UTF-8",
-            'CMD ["bash"]',
+        _run_debootstrap(rootfs, mirror, args["GYRE_APT_PACKAGES"].split(), progress)
+        reqs = args["GYRE_PIP_REQUIREMENTS"].split() + extra
+        _download_wheels(os.path.join(rootfs, "tmp", "gyre-wheels"), reqs, pip_index_url, progress)
+        shutil.copy(SETUP_SCRIPT, os.path.join(rootfs, "tmp", SETUP_SCRIPT.name))
+        env = {
+            "PATH": _DEFAULT_PATH,
+            "HOME": "/root",
+            "LANG": "C.UTF-8",
+            "GYRE_WHEELS": "/tmp/gyre-wheels",
+            "GYRE_EXTRA_PIP": " ".join(extra),
+        }
+        env.update({k: args[k] for k in ("GYRE_APT_PACKAGES", "GYRE_PIP_REQUIREMENTS")})
+        cmd = [
+            "chroot",
+            rootfs,
+            "/usr/bin/env",
+            "-i",
+            *(f"{k}={v}" for k, v in env.items()),
+            "sh",
+            f"/tmp/{SETUP_SCRIPT.name}",
         ]
-        _import_dir(client, rootfs, ref, changes)
+        progress(f"  chroot {rootfs} sh /tmp/{SETUP_SCRIPT.name} (no network)")
+        _stream(cmd, lambda line: progress(f"  setup: {line}"), "the setup script in the chroot")
+        changes = [f"ENV PATH={_DEFAULT_PATH}", *_dockerfile_runtime_changes()]
+        changes += [f"LABEL {k}={json.dumps(v)}" for k, v in labels.items()]
+        progress(f"  importing {rootfs} as {tag}")
+        _import_dir(client, rootfs, tag, changes)
     finally:
         _remove_tree(work)
-    return ref
+
+
+def _download_wheels(dest: str, reqs: list[str], index_url: str | None, progress) -> None:
+    """Wheels for the image's Python (Debian's 3.11), fetched by the host's pip, so the
+    host's index, proxy and certificate settings apply and the chroot needs no network."""
+    machine = platform.machine()
+    plats = [f"manylinux_2_{v}_{machine}" for v in range(36, 4, -1)]
+    plats += [f"manylinux2014_{machine}", f"manylinux2010_{machine}", f"manylinux1_{machine}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--only-binary=:all:",
+        "--dest",
+        dest,
+        "--python-version",
+        DEBIAN_PYTHON,
+        "--implementation",
+        "cp",
+        "--abi",
+        f"cp{DEBIAN_PYTHON.replace('.', '')}",
+    ]
+    cmd += [f for plat in plats for f in ("--platform", plat)]
+    cmd += ["--index-url", index_url] if index_url else []
+    progress(f"  pip download (host pip config) {' '.join(reqs)}")
+    _stream(cmd + reqs, lambda line: progress(f"  pip: {line}"), "pip download")
+    progress(f"  {len(os.listdir(dest))} wheels in {dest}")
+
+
+def _stream(cmd: list[str], emit: Callable[[str], None], what: str) -> None:
+    """Run ``cmd``, passing its output lines to ``emit``; raise naming ``what`` on failure."""
+    tail: list[str] = []
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as proc:
+        for line in proc.stdout:
+            tail = (tail + [line.rstrip()])[-30:]
+            emit(line.rstrip())
+    if proc.returncode != 0:
+        raise ImageBuildError(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+
+
+def _dockerfile_runtime_changes() -> list[str]:
+    """The Dockerfile's ENV, WORKDIR, USER and CMD instructions (continuation lines joined),
+    applied by ``docker import --change`` so both methods give the same runtime settings."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    keep = ("ENV ", "WORKDIR ", "USER ", "CMD ")
+    return [line.strip() for line in text.splitlines() if line.strip().startswith(keep)]
 
 
 def _run_debootstrap(rootfs: str, mirror: str, packages: list[str], progress: Progress) -> None:
@@ -374,25 +429,21 @@ def _run_debootstrap(rootfs: str, mirror: str, packages: list[str], progress: Pr
     ]
     progress(f"$ {shlex.join(cmd)}")
     start = time.monotonic()
-    tail: list[str] = []
-    verb = ""
-    with subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-    ) as proc:
-        for line in proc.stdout:
-            line = line.rstrip()
-            tail = (tail + [line])[-30:]
-            # One line per phase (Retrieving, Extracting, ...) rather than one per package.
-            word = line.split()[1] if line.startswith("I: ") and len(line.split()) > 1 else line
-            if word != verb:
-                verb = word
-                progress(f"  [{time.monotonic() - start:5.1f} s] debootstrap {line}")
-    if proc.returncode != 0:
-        raise ImageBuildError(
-            f"debootstrap failed (exit {proc.returncode}) with mirror {mirror}; last lines:\n"
-            + "\n".join(tail)
-            + f"\n(full log: {rootfs}/debootstrap/debootstrap.log)"
-        )
+    seen: set[str] = set()
+    shown = [0.0]
+
+    def emit(line: str) -> None:
+        # The first line of each phase (Retrieving, Extracting, ...) and one every 10 s,
+        # rather than one line per package.
+        words = line.split()
+        phase = words[1] if line.startswith("I: ") and len(words) > 1 else line
+        now = time.monotonic() - start
+        if phase not in seen or now - shown[0] > 10:
+            seen.add(phase)
+            shown[0] = now
+            progress(f"  [{now:5.1f} s] debootstrap {line}")
+
+    _stream(cmd, emit, f"debootstrap from {mirror} (log: {rootfs}/debootstrap/debootstrap.log)")
     progress(f"  debootstrap done in {time.monotonic() - start:.1f} s")
 
 
@@ -418,14 +469,16 @@ def _import_dir(client, rootfs: str, ref: str, changes: list[str]) -> None:
 def _docker_build(
     client,
     tag: str,
-    base: str,
     labels: dict,
     extra: list[str],
     pip_index_url: str | None,
     progress: Progress,
+    base: str | None = None,
 ) -> None:
-    """``docker build --network host`` of the shipped Dockerfile on ``base``."""
-    args = {"BASE": base, "GYRE_EXTRA_PIP": " ".join(extra)}
+    """``docker build --network host`` of the shipped Dockerfile (on ``base`` if given)."""
+    args = {"GYRE_EXTRA_PIP": " ".join(extra)}
+    if base:
+        args["BASE"] = base
     if pip_index_url:
         args["PIP_INDEX_URL"] = pip_index_url
     tail: list[str] = []
@@ -451,106 +504,22 @@ def _docker_build(
                     progress(f"  build: {line}")
             if "error" in chunk:
                 raise ImageBuildError(
-                    f"docker build of {tag} on {base} failed: {chunk['error']}\n" + "\n".join(tail)
+                    f"docker build of {tag} failed: {chunk['error']}\n" + "\n".join(tail)
                 )
 
 
 def _build_host_usr(client, tag: str, labels: dict, progress: Progress) -> None:
-    mounts = host_usr_mounts()
+    mounts = hostusr.mounts()
     missing = [h for h, _ in mounts if not os.path.exists(h)]
     if missing:
         raise ImageBuildError(f"host-usr needs {missing}, which this host does not have")
     labels = {**labels, LABEL_HOST_MOUNTS: json.dumps(mounts)}
     progress(f"  tiny rootfs + read-only host binds: {' '.join(docker_run_flags(labels))}")
-    changes = [f"ENV {k}={v}" for k, v in _host_usr_env().items()]
+    changes = [f"ENV {k}={v}" for k, v in hostusr.image_env().items()]
     changes += ["WORKDIR /workspace", 'CMD ["bash"]']
     changes += [f"LABEL {k}={json.dumps(v)}" for k, v in labels.items()]
     repo, name = _split_ref(tag)
-    client.api.import_image(src=_host_usr_tar(), repository=repo, tag=name, changes=changes)
-
-
-def host_usr_mounts() -> list[tuple[str, str]]:
-    """Read-only binds ``(host, container)`` a ``host-usr`` sandbox runs with: ``/usr``, the
-    top-level system folders that are not symlinks into it, ``/etc/alternatives`` and
-    ``/etc/ld.so.cache`` (they belong to ``/usr``'s contents), and the prefix of the Python
-    running gyre when it lives outside ``/usr`` (pyenv, conda, a venv)."""
-    mounts = [("/usr", "/usr")]
-    for top in _SYSTEM_TOPS:
-        if os.path.isdir(f"/{top}") and not os.path.islink(f"/{top}"):
-            mounts.append((f"/{top}", f"/{top}"))
-    for path in ("/etc/alternatives", "/etc/ld.so.cache"):
-        if os.path.exists(path):
-            mounts.append((path, path))
-    for prefix in dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)):
-        if prefix != "/usr" and not prefix.startswith("/usr/"):
-            mounts.append((prefix, prefix))
-    for host, _ in mounts:
-        if re.search(r"[\s:,\"'\\]", host):
-            raise ImageBuildError(f"cannot bind {host!r} into a host-usr image: odd characters")
-    return mounts
-
-
-def _host_usr_env() -> dict[str, str]:
-    python_bin = os.path.dirname(sys.executable)
-    path = [
-        "/root/.local/bin",
-        "/home/gyre/.local/bin",
-        "/usr/local/sbin",
-        "/usr/local/bin",
-        "/usr/sbin",
-        "/usr/bin",
-        "/sbin",
-        "/bin",
-    ]
-    if python_bin not in path:
-        path.insert(0, python_bin)
-    # /usr is read-only: pip installs go to the user site (~/.local), which is writable.
-    return {
-        "PATH": ":".join(path),
-        "LANG": "C.UTF-8",
-        "PIP_USER": "1",
-        "PIP_BREAK_SYSTEM_PACKAGES": "1",
-        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-        "PIP_NO_INPUT": "1",
-        "PIP_ROOT_USER_ACTION": "ignore",
-    }
-
-
-def _host_usr_tar() -> bytes:
-    """The tiny rootfs of a host-usr image, as a tar (owners set here, not by who runs us)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-
-        def add(
-            name: str,
-            kind: bytes,
-            mode: int = 0o755,
-            uid: int = 0,
-            data: bytes = b"",
-            link: str = "",
-        ) -> None:
-            info = tarfile.TarInfo(name)
-            info.type, info.mode, info.uid, info.gid = kind, mode, uid, uid
-            info.linkname, info.size, info.mtime = link, len(data), 0
-            tar.addfile(info, io.BytesIO(data) if data else None)
-
-        for name, mode, uid in _HOST_USR_DIRS:
-            add(name, tarfile.DIRTYPE, mode, uid)
-        for top in _SYSTEM_TOPS:
-            if os.path.islink(f"/{top}"):
-                add(top, tarfile.SYMTYPE, 0o777, link=os.readlink(f"/{top}"))
-            elif os.path.isdir(f"/{top}"):
-                add(top, tarfile.DIRTYPE)
-        for name, text in _HOST_USR_FILES.items():
-            add(name, tarfile.REGTYPE, 0o644, data=text.encode())
-        for host, inside in host_usr_mounts():  # mount points of every bind
-            if inside.startswith("/etc/") or inside == "/usr":
-                add(
-                    inside.lstrip("/"),
-                    tarfile.REGTYPE if os.path.isfile(host) else tarfile.DIRTYPE,
-                    0o644 if os.path.isfile(host) else 0o755,
-                )
-    return buf.getvalue()
+    client.api.import_image(src=hostusr.rootfs_tar(), repository=repo, tag=name, changes=changes)
 
 
 def _remove_tree(path: str) -> None:
@@ -578,6 +547,23 @@ def _client():
     except docker.errors.DockerException as e:
         raise ImageBuildError(f"no Docker daemon answers ({_first_line(e)}); start one") from e
     return client
+
+
+def _image(client, ref: str):
+    """The image named ``ref``, or None."""
+    docker = require("docker", "building sandbox images")
+    try:
+        return client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def _remove_quietly(client, image_id: str) -> None:
+    docker = require("docker", "building sandbox images")
+    try:
+        client.images.remove(image_id)
+    except docker.errors.APIError:
+        pass  # tagged elsewhere or used by a container: leave it
 
 
 def _image_labels(client, ref: str) -> dict | None:
