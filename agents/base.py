@@ -118,6 +118,9 @@ class ModelEndpoint:
     ``/v1``: what a CLI's ``ANTHROPIC_BASE_URL`` / ``OPENAI_BASE_URL`` is set to."""
     context_length: int = 8192
     """The model's context window in tokens (drives compaction)."""
+    calls: Any = None
+    """The proxy's ``RecordTap`` (``calls(session)``, ``wait_for(...)``), when the proxy runs
+    in this process: a CLI agent learns its model-turn boundaries from it."""
 
 
 class WaterLevel:

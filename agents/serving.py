@@ -1,0 +1,222 @@
+"""The model side of a rollout: the proxy, its engine, its record tap and its sandbox route.
+
+``ModelService`` starts Gyre's proxy in-process in front of an engine (the embedded
+engine with the built-in tiny model by default, or any local HF model folder) and gives
+each episode its own session: ``endpoint(session)`` is the ``ModelEndpoint`` an agent
+uses. Every call's TITO record goes to a JSONL file through a ``RecordTap``, which also
+lets a CLI agent see its session's calls as they finish (model-turn boundaries).
+
+Sandboxes reach the proxy through a Unix socket (``route_socket``), which a sandbox
+mounts at ``/run/gyre`` (see ``gyre_env.sandbox.route``); a relay thread here connects
+that socket to the proxy's loopback TCP port.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from gyre_env.agents.base import ModelEndpoint
+
+from gyre_env.proxy.records import CallRecord, JsonlSink, RecordSink
+
+log = logging.getLogger(__name__)
+
+
+class RecordTap:
+    """A record sink that forwards to ``inner`` and keeps, per session, the records'
+    timings so agents can wait for their next model call (thread-safe)."""
+
+    def __init__(self, inner: RecordSink | None = None):
+        self.inner = inner
+        self._cond = threading.Condition()
+        self._calls: dict[str, list[dict]] = defaultdict(list)
+
+    def write(self, record: CallRecord) -> None:
+        if self.inner is not None:
+            self.inner.write(record)
+        summary = {
+            "call_index": record.call_index,
+            "branch": record.branch,
+            "role": record.role,
+            "prompt_tokens": len(record.prompt_ids),
+            "output_tokens": len(record.output_ids),
+            "seconds": float(record.timings.get("total", 0.0)),
+            "finish": record.finish_reason,
+        }
+        with self._cond:
+            self._calls[record.session].append(summary)
+            self._cond.notify_all()
+
+    def calls(self, session: str) -> list[dict]:
+        """Summaries of the session's finished calls, in the order they finished."""
+        with self._cond:
+            return list(self._calls.get(session, ()))
+
+    def wait_for(self, session: str, count: int, timeout: float) -> int:
+        """Block until the session has more than ``count`` calls or ``timeout`` passes;
+        returns the number of calls."""
+        with self._cond:
+            self._cond.wait_for(lambda: len(self._calls.get(session, ())) > count, timeout)
+            return len(self._calls.get(session, ()))
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()
+
+
+class UnixRelay:
+    """Accepts connections on a Unix socket and relays each to ``host:port`` (TCP)."""
+
+    def __init__(self, path: str, host: str, port: int):
+        self.path, self.host, self.port = path, host, port
+        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._srv.bind(path)
+        os.chmod(path, 0o777)  # sandboxes may run as another user
+        self._srv.listen(256)
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, name="gyre-relay", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection((self.host, self.port), timeout=10)
+            upstream.settimeout(None)
+        except OSError:
+            client.close()
+            return
+        threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
+        _pipe(client, upstream)
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._srv.close()
+        finally:
+            if os.path.exists(self.path):
+                os.unlink(self.path)
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+@dataclass(kw_only=True)
+class ModelServiceConfig:
+    """Which model serves the episodes and where records go."""
+
+    model: str | None = None
+    """A local Hugging Face model folder; None or ``tiny`` is the built-in tiny model."""
+    records_path: str | None = None
+    """JSONL file for TITO records; None keeps none on disk (the tap still counts calls)."""
+    max_batch_size: int = 16
+    """Sequences the embedded engine decodes together."""
+    context_length: int | None = None
+    """Cap on the model's context (None: the model's own)."""
+    sandbox_port: int = 8765
+    """Port of the proxy route inside sandboxes."""
+
+
+class ModelService:
+    """Proxy + embedded engine + record tap + sandbox route, started and stopped together."""
+
+    def __init__(self, config: ModelServiceConfig | None = None, *, engines=None, tokenizer=None):
+        self.config = config or ModelServiceConfig()
+        self._engines, self._tokenizer = engines, tokenizer
+        self.proxy = None
+        self.relay: UnixRelay | None = None
+        self._dir: str | None = None
+        sink = JsonlSink(self.config.records_path) if self.config.records_path else None
+        self.tap = RecordTap(sink)
+
+    def start(self) -> ModelService:
+        from gyre_env.proxy.server import ProxyConfig, ProxyServer
+
+        engines, tokenizer = self._engines, self._tokenizer
+        if engines is None:
+            from gyre_env.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+            from gyre_env.engines.tiny import load_tokenizer
+
+            path = None if self.config.model in (None, "tiny") else self.config.model
+            if path is not None and not Path(path).is_dir():
+                raise FileNotFoundError(f"model {path!r} is not a local model folder")
+            engines = [
+                EmbeddedEngine(
+                    EmbeddedEngineConfig(
+                        model_path=path,
+                        max_batch_size=self.config.max_batch_size,
+                        context_length=self.config.context_length,
+                    )
+                )
+            ]
+            tokenizer = tokenizer or load_tokenizer(path)
+        self.proxy = ProxyServer(ProxyConfig(), engines=engines, tokenizer=tokenizer, sink=self.tap)
+        self.proxy.start()
+        self._dir = tempfile.mkdtemp(prefix="gyre-route-")
+        os.chmod(self._dir, 0o755)
+        self.relay = UnixRelay(os.path.join(self._dir, "proxy.sock"), "127.0.0.1", self.proxy.port)
+        return self
+
+    @property
+    def route_socket(self) -> str:
+        """Host Unix socket of the proxy, for ``SandboxConfig.proxy_socket``."""
+        if self.relay is None:
+            raise RuntimeError("the model service is not started")
+        return self.relay.path
+
+    @property
+    def context_length(self) -> int:
+        return int(self.proxy.core.context_length)
+
+    def endpoint(self, session: str, model: str = "tiny") -> ModelEndpoint:
+        """The episode's endpoint: its own proxy session, from the host and from a sandbox."""
+        return ModelEndpoint(
+            base_url=self.proxy.openai_base_url(session),
+            model=model,
+            session=session,
+            sandbox_base_url=f"http://127.0.0.1:{self.config.sandbox_port}/s/{session}",
+            context_length=self.context_length,
+            calls=self.tap,
+        )
+
+    def stop(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
+        if self.proxy is not None:
+            self.proxy.stop()  # closes the tap (and its JSONL sink)
+            self.proxy = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> ModelService:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
