@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from gyre_env.engines.base import Engine, SamplingParams
+from gyre_env.engines.base import ContextLengthError, Engine, SamplingParams
 from gyre_env.proxy.chat import ChatRequest, RequestError
 from gyre_env.proxy.metrics import ProxyMetrics
 from gyre_env.proxy.records import CallRecord, RecordSink
@@ -174,6 +174,9 @@ class ProxyCore:
                 text=text,
                 tool_calls=calls,
             )
+        except ContextLengthError as e:
+            finish, error = "error", str(e)
+            raise RequestError(str(e), param="messages", code="context_length_exceeded") from e
         except NoReplicaError as e:
             finish, error = "error", str(e)
             raise RequestError(str(e), status=503, code="no_replica") from e

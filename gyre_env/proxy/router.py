@@ -16,7 +16,14 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
-from gyre_env.engines.base import Engine, EngineError, EnginePausedError, SamplingParams, TokenChunk
+from gyre_env.engines.base import (
+    ContextLengthError,
+    Engine,
+    EngineError,
+    EnginePausedError,
+    SamplingParams,
+    TokenChunk,
+)
 
 PING = object()
 """Yielded by :meth:`Router.stream` while the call waits for a replica."""
@@ -158,6 +165,8 @@ class Router:
                         replica.served += 1
                         return
                 raise EngineError(f"{replica.name} ended the stream without a finish reason")
+            except ContextLengthError:
+                raise  # the request's fault, not the replica's
             except EnginePausedError as e:
                 replica.paused_until = time.monotonic() + self.probe_interval_s
                 if produced:

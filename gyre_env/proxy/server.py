@@ -21,6 +21,7 @@ Start one in-process::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -234,15 +235,16 @@ def create_app(config: ProxyConfig, core: ProxyCore):
 
 async def _complete(core: ProxyCore, prep, api: str) -> dict:
     pieces: list[str | ToolCall] = []
-    async for ev in core.events(prep):
-        if isinstance(ev, Finished):
-            usage = (ev.prompt_tokens, ev.output_tokens)
-            if api == "openai":
-                reason = openai_api.finish_reason(ev.finish, ev.tool_calls)
-                return openai_api.completion(prep.req, ev.text, ev.tool_calls, reason, usage)
-            return anthropic_api.message(prep.req, pieces, ev.finish, ev.stop_sequence, usage)
-        if ev is not PING:
-            pieces.append(ev)
+    async with contextlib.aclosing(core.events(prep)) as events:
+        async for ev in events:
+            if isinstance(ev, Finished):
+                usage = (ev.prompt_tokens, ev.output_tokens)
+                if api == "openai":
+                    reason = openai_api.finish_reason(ev.finish, ev.tool_calls)
+                    return openai_api.completion(prep.req, ev.text, ev.tool_calls, reason, usage)
+                return anthropic_api.message(prep.req, pieces, ev.finish, ev.stop_sequence, usage)
+            if ev is not PING:
+                pieces.append(ev)
     raise RequestError("generation ended without a result", status=500)
 
 
@@ -251,22 +253,24 @@ async def _sse(core: ProxyCore, prep, api: str):
     writer = openai_api.ChunkWriter(req) if api == "openai" else anthropic_api.EventWriter(req)
     yield writer.start() if api == "openai" else writer.start(len(prep.plan.prompt_ids))
     try:
-        async for ev in core.events(prep):
-            if ev is PING:
-                yield writer.ping()
-            elif isinstance(ev, str):
-                if ev:
-                    yield writer.text(ev)
-            elif isinstance(ev, ToolCall):
-                yield writer.tool_call(ev)
-            elif isinstance(ev, Finished):
-                usage = (ev.prompt_tokens, ev.output_tokens)
-                if api == "openai":
-                    yield writer.finish(openai_api.finish_reason(ev.finish, ev.tool_calls), usage)
-                else:
-                    yield writer.finish(ev.finish, ev.stop_sequence, usage)
+        async with contextlib.aclosing(core.events(prep)) as events:
+            async for ev in events:
+                yield _sse_event(writer, api, ev)
     except RequestError as err:  # headers are sent: the error travels as an event
         yield writer.error(err)
+
+
+def _sse_event(writer, api: str, ev) -> bytes:
+    if ev is PING:
+        return writer.ping()
+    if isinstance(ev, str):
+        return writer.text(ev) if ev else b""
+    if isinstance(ev, ToolCall):
+        return writer.tool_call(ev)
+    usage = (ev.prompt_tokens, ev.output_tokens)
+    if api == "openai":
+        return writer.finish(openai_api.finish_reason(ev.finish, ev.tool_calls), usage)
+    return writer.finish(ev.finish, ev.stop_sequence, usage)
 
 
 class ProxyServer:

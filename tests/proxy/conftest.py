@@ -1,0 +1,71 @@
+"""Fixtures for proxy tests: the built-in tiny tokenizer and a proxy started in-process.
+
+The engine in most tests is ``ScriptedEngine`` (our own, real code: it answers scripted ids
+instantly) so that tool calls, UTF-8 splits and stop strings happen deterministically;
+tests of the real model use the embedded engine.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gyre_env.engines.tiny import load_tokenizer
+from gyre_env.proxy.records import JsonlSink, read_jsonl
+from gyre_env.proxy.server import ProxyConfig, ProxyServer
+
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    },
+}
+
+
+@pytest.fixture
+def bash_tool() -> dict:
+    return BASH_TOOL
+
+
+@pytest.fixture(scope="session")
+def tok():
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def enc(tok):
+    def encode(text: str) -> list[int]:
+        return tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+
+    return encode
+
+
+class Started:
+    """A running proxy plus its records file."""
+
+    def __init__(self, server: ProxyServer, path):
+        self.server = server
+        self.path = path
+
+    def records(self):
+        return read_jsonl(self.path)
+
+    def __getattr__(self, name):
+        return getattr(self.server, name)
+
+
+@pytest.fixture
+def start_proxy(tok, tmp_path):
+    servers = []
+
+    def start(engines, **config) -> Started:
+        path = tmp_path / f"records-{len(servers)}.jsonl"
+        config.setdefault("verify_render", True)
+        server = ProxyServer(ProxyConfig(**config), engines=list(engines), tokenizer=tok, sink=JsonlSink(path))
+        servers.append(server.start())
+        return Started(server, path)
+
+    yield start
+    for server in servers:
+        server.stop()
