@@ -66,6 +66,10 @@ class EmbeddedEngineConfig:
     """Prompt + output limit in tokens; None uses the model's ``max_position_embeddings``."""
     prefill_chunk_tokens: int = 4096
     """Prompts are prefilled in chunks of this many tokens to bound activation memory."""
+    num_threads: int | None = None
+    """torch CPU threads (process-wide: ``torch.set_num_threads``). None: 1 for a model under
+    50M parameters on CPU, whose ops are too small to gain from threads and which slow down
+    10-50x when its threads contend with other processes for the cores; else unchanged."""
 
 
 @dataclass(eq=False)
@@ -105,6 +109,7 @@ class EmbeddedEngine:
         self.model_path = self._resolve_path(self.config.model_path)
         self.device = self._resolve_device(self.config.device)
         self._model = self._load(self.model_path)
+        self._set_threads()
         model_cfg = self._model.config
         self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
         max_pos = getattr(model_cfg, "max_position_embeddings", None)
@@ -146,6 +151,16 @@ class EmbeddedEngine:
         if device != "cpu" and not device.startswith("cuda"):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
         return torch.device(device)
+
+    def _set_threads(self) -> None:
+        threads = self.config.num_threads
+        if threads is None and self.device.type == "cpu":
+            small = sum(p.numel() for p in self._model.parameters()) < 50_000_000
+            threads = 1 if small else None
+        if threads is not None:
+            if threads < 1:
+                raise ValueError(f"num_threads must be >= 1, got {threads}")
+            self._torch.set_num_threads(threads)
 
     def _dtype(self):
         torch = self._torch
