@@ -1,0 +1,1 @@
+"""An in-memory key-value store with a Redis-like command language."""

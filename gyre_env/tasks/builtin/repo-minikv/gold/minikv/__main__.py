@@ -1,0 +1,3 @@
+from minikv.cli import main
+
+raise SystemExit(main())
