@@ -184,9 +184,10 @@ class EpisodeClock:
         self._since = time.monotonic()
         self.start = self._since
         self._closed = False
-        self._push(initial)
+        self.enter(initial)
 
-    def _push(self, phase: str) -> None:
+    def enter(self, phase: str) -> None:
+        """Start counting time as ``phase`` (until the matching ``leave``)."""
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; phases are {PHASES}")
         with self._lock:
@@ -195,7 +196,8 @@ class EpisodeClock:
         if self.waterlevel is not None and not self._closed:
             self.waterlevel.move(old, phase)
 
-    def _pop(self) -> None:
+    def leave(self) -> None:
+        """End the innermost phase; time goes back to the one around it."""
         with self._lock:
             old = self._charge()
             self._stack.pop()
@@ -215,11 +217,11 @@ class EpisodeClock:
     @contextmanager
     def phase(self, name: str):
         """Count the time inside the ``with`` block as ``name``."""
-        self._push(name)
+        self.enter(name)
         try:
             yield
         finally:
-            self._pop()
+            self.leave()
 
     def reattribute(self, src: str, dst: str, seconds: float) -> None:
         """Move already counted time between phases (e.g. a CLI's model time, known from

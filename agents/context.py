@@ -104,6 +104,22 @@ class EpisodeContext:
         self.terminated, self.truncated = bool(terminated), bool(truncated)
         return obs, float(reward), self.terminated, self.truncated, info
 
+    def record_external_step(self, label: str, reward: float, info: dict) -> None:
+        """Record a reward the env gave outside ``step`` (a CLI agent's interim reward at a
+        model-turn boundary), so the trace and the return include it."""
+        self.total_reward += float(reward)
+        self.trace.append(
+            StepRecord(
+                index=len(self.trace),
+                tool=label,
+                reward=float(reward),
+                cumulative=self.total_reward,
+                seconds=0.0,
+                partial=_partial_score(info),
+            )
+        )
+        self.last_info = info
+
     def _attribute_scoring(self, tool: str, info: dict) -> None:
         """Move the scoring time an env reports for a step out of ``tool`` (or the other way
         for ``submit``, whose non-scoring part is tool work)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -38,6 +39,7 @@ class RecordTap:
         self.inner = inner
         self._cond = threading.Condition()
         self._calls: dict[str, list[dict]] = defaultdict(list)
+        self._inflight: dict[str, int] = defaultdict(int)
 
     def write(self, record: CallRecord) -> None:
         if self.inner is not None:
@@ -55,6 +57,22 @@ class RecordTap:
             self._calls[record.session].append(summary)
             self._cond.notify_all()
 
+    def begin(self, session: str) -> None:
+        """A model call of ``session`` arrived (see ``InflightCounter``)."""
+        with self._cond:
+            self._inflight[session] += 1
+
+    def end(self, session: str) -> None:
+        with self._cond:
+            self._inflight[session] -= 1
+            if self._inflight[session] <= 0:
+                del self._inflight[session]
+
+    def inflight(self, session: str) -> int:
+        """Model calls of ``session`` in flight right now."""
+        with self._cond:
+            return self._inflight.get(session, 0)
+
     def calls(self, session: str) -> list[dict]:
         """Summaries of the session's finished calls, in the order they finished."""
         with self._cond:
@@ -70,6 +88,28 @@ class RecordTap:
     def close(self) -> None:
         if self.inner is not None:
             self.inner.close()
+
+
+_MODEL_CALL = re.compile(r"^/s/([^/]+)/v1/(chat/completions|messages)$")
+
+
+class InflightCounter:
+    """ASGI wrapper around the proxy app: counts each session's model calls in flight, so
+    the episode's clock knows when a black-box agent is waiting on the model."""
+
+    def __init__(self, app, tap: RecordTap):
+        self.app, self.tap = app, tap
+
+    async def __call__(self, scope, receive, send):
+        match = _MODEL_CALL.match(scope.get("path", "")) if scope["type"] == "http" else None
+        if match is None:
+            return await self.app(scope, receive, send)
+        session = match.group(1)
+        self.tap.begin(session)
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            self.tap.end(session)
 
 
 class UnixRelay:
@@ -176,6 +216,7 @@ class ModelService:
             ]
             tokenizer = tokenizer or load_tokenizer(path)
         self.proxy = ProxyServer(ProxyConfig(), engines=engines, tokenizer=tokenizer, sink=self.tap)
+        self.proxy.app = InflightCounter(self.proxy.app, self.tap)
         self.proxy.start()
         self._dir = tempfile.mkdtemp(prefix="gyre-route-")
         os.chmod(self._dir, 0o755)

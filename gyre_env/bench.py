@@ -1,0 +1,251 @@
+"""``gyre bench``: run an agent over a task suite and report scores and where time went.
+
+One function, :func:`run_bench`, reads top to bottom: pick tasks, build the agent, start
+the model service (proxy + embedded tiny model by default) if the agent needs a model,
+run the episodes with the runner, then write ``results.jsonl`` (streamed), ``results.json``
+(config, summary, every episode) and ``report.html`` (plots) into ``out_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gyre_env.bench_report import format_summary, format_table, summarize, write_html
+from gyre_env.runner import EpisodeResult, EpisodeSpec, JsonlResultSink, Runner, RunnerConfig
+
+log = logging.getLogger(__name__)
+
+AGENTS = ("langgraph", "claude-code", "scripted", "gold")
+"""Named agents; any other ``--agent`` value is a shell command run by the CLI tap."""
+
+
+@dataclass(kw_only=True)
+class BenchConfig:
+    """A benchmark run. Every field is a ``gyre bench`` flag."""
+
+    env_id: str = "Gyre/NL2Repo-v0"
+    agent: str = "langgraph"
+    """``langgraph`` | ``claude-code`` | ``scripted`` (gold solutions, or ``script``) |
+    ``gold`` | any shell command (run in the sandbox by the CLI tap)."""
+    tasks: str = "micro"
+    """``all``, tier names (``micro,small``), task ids, or a mix, comma-separated."""
+    suite: str = "builtin"
+    """Task suite name or folder (``gyre_env.tasks.load_suite``)."""
+    repeats: int = 1
+    """Episodes per task."""
+    parallel: int = 4
+    model: str | None = None
+    """Embedded engine: a local HF model folder (default: the built-in tiny model). With
+    ``base_url``: the upstream model name."""
+    base_url: str | None = None
+    """An OpenAI-compatible upstream; the agent calls it directly (no TITO records)."""
+    script: str | None = None
+    """For ``scripted``: a JSON file with a list of tool calls replayed in every episode."""
+    out_dir: str = "bench-out"
+    time_limit_s: float | None = None
+    """Per-episode limit; None: each task's own wall-clock limit."""
+    max_retries: int = 2
+    max_steps: int | None = None
+    """Agent step budget (LangGraph); None: the agent's default."""
+    max_new_tokens: int = 256
+    """Completion tokens per model call (LangGraph)."""
+    seed: int = 0
+    progress: bool = True
+    """tqdm progress bar on stderr."""
+    env_kwargs: dict = field(default_factory=dict)
+    """Extra ``gym.make`` keyword arguments."""
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.parallel < 1:
+            raise ValueError(f"parallel must be >= 1, got {self.parallel}")
+
+
+@dataclass
+class BenchRun:
+    """What ``run_bench`` produced."""
+
+    results: list[EpisodeResult]
+    summary: dict
+    out_dir: Path
+
+
+def select_tasks(selection: str, suite: str = "builtin") -> list:
+    """Tasks named by ``selection`` (see ``BenchConfig.tasks``), in suite order."""
+    from gyre_env.tasks import TIERS, load_suite
+
+    tasks = load_suite(suite)
+    by_id = {t.id: t for t in tasks}
+    wanted = [w.strip() for w in selection.split(",") if w.strip()]
+    if not wanted:
+        raise ValueError("no tasks selected: give 'all', tier names or task ids")
+    chosen: set[str] = set()
+    for word in wanted:
+        if word == "all":
+            chosen.update(by_id)
+        elif word in TIERS:
+            chosen.update(t.id for t in tasks if t.tier == word)
+        elif word in by_id:
+            chosen.add(word)
+        else:
+            import difflib
+
+            close = difflib.get_close_matches(word, [*by_id, *TIERS, "all"], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"no task or tier {word!r} in suite {suite!r}{hint}")
+    picked = [t for t in tasks if t.id in chosen]
+    if not picked:
+        raise ValueError(f"{selection!r} selects no task of suite {suite!r}")
+    return picked
+
+
+def make_agent(cfg: BenchConfig):
+    """The agent named by ``cfg.agent``."""
+    from gyre_env import agents
+
+    if cfg.agent == "langgraph":
+        lg = agents.LangGraphAgentConfig(max_new_tokens=cfg.max_new_tokens)
+        if cfg.max_steps:
+            lg.max_steps = cfg.max_steps
+        return agents.LangGraphAgent(lg)
+    if cfg.agent == "gold" or (cfg.agent == "scripted" and not cfg.script):
+        return agents.GoldAgent()
+    if cfg.agent == "scripted":
+        actions = json.loads(Path(cfg.script).read_text(encoding="utf-8"))
+        if not isinstance(actions, list):
+            raise ValueError(f"{cfg.script}: expected a JSON list of tool calls")
+        return agents.ScriptedAgent(actions)
+    if cfg.agent == "claude-code":
+        from gyre_env.agents.cli_tap import CLAUDE_MOUNT
+
+        return agents.ClaudeCodeAgent(binary=f"{CLAUDE_MOUNT}/bin/claude.exe")
+    return agents.CliAgent(agents.CliAgentConfig(command=cfg.agent, name="cli"))
+
+
+def _needs_model(agent) -> bool:
+    return agent.name not in ("gold", "scripted")
+
+
+def _is_cli(agent) -> bool:
+    from gyre_env.agents.cli_tap import CliAgent
+
+    return isinstance(agent, CliAgent)
+
+
+def run_bench(cfg: BenchConfig) -> BenchRun:
+    """Run the benchmark; print the table and summary; write results and the report."""
+    from gyre_env.agents.serving import ModelService, ModelServiceConfig
+
+    tasks = select_tasks(cfg.tasks, cfg.suite)
+    agent = make_agent(cfg)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    service = None
+    if _needs_model(agent) and cfg.base_url is None:
+        service = ModelService(
+            ModelServiceConfig(model=cfg.model, records_path=str(out / "records.jsonl"))
+        ).start()
+    try:
+        env_kwargs = episode_env_kwargs(cfg, agent, service, tasks)
+        specs = [
+            EpisodeSpec(
+                episode_id=f"{task.id}.{k}",
+                env_id=cfg.env_id,
+                env_kwargs=env_kwargs,
+                reset_options={"task_id": task.id},
+                seed=cfg.seed + k,
+            )
+            for k in range(cfg.repeats)
+            for task in tasks
+        ]
+        results, wall = _run(cfg, agent, service, specs, out)
+    finally:
+        if service is not None:
+            service.stop()
+    summary = summarize(results, wall)
+    payload = {"config": asdict(cfg), "summary": summary, "results": [r.to_dict() for r in results]}
+    (out / "results.json").write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
+    write_html(results, summary, out / "report.html", title=f"gyre bench {cfg.env_id} {agent.name}")
+    print(format_table(results))
+    print(format_summary(summary))
+    print(f"results: {out / 'results.json'}  report: {out / 'report.html'}")
+    return BenchRun(results=results, summary=summary, out_dir=out)
+
+
+def _run(cfg: BenchConfig, agent, service, specs, out: Path):
+    bar = None
+    if cfg.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(specs), desc=f"bench {agent.name}", file=sys.stderr, unit="ep")
+
+    def on_result(result: EpisodeResult) -> None:
+        if bar is not None:
+            score = "-" if result.score is None else f"{result.score:.2f}"
+            bar.set_postfix_str(f"{result.task_id} {result.outcome} {score}")
+            bar.update(1)
+
+    endpoint_factory = None
+    if service is not None:
+        endpoint_factory = lambda session: service.endpoint(session, cfg.model or "tiny")  # noqa: E731
+    elif cfg.base_url is not None:
+        endpoint_factory = _upstream_endpoints(cfg)
+    runner = Runner(
+        agent,
+        RunnerConfig(
+            parallel=cfg.parallel, time_limit_s=cfg.time_limit_s, max_retries=cfg.max_retries
+        ),
+        endpoint_factory=endpoint_factory,
+        sink=JsonlResultSink(out / "results.jsonl"),
+        on_result=on_result,
+    )
+    start = time.monotonic()
+    try:
+        results = runner.run(specs)
+    finally:
+        runner.sink.close()
+        if bar is not None:
+            bar.close()
+    return results, time.monotonic() - start
+
+
+def _upstream_endpoints(cfg: BenchConfig):
+    from gyre_env.agents.base import ModelEndpoint
+
+    log.warning(
+        "--base-url: the agent calls %s directly; no TITO records are captured", cfg.base_url
+    )
+    return lambda session: ModelEndpoint(
+        base_url=cfg.base_url,
+        model=cfg.model or "default",
+        session=session,
+        sandbox_base_url=None,
+        context_length=32768,
+    )
+
+
+def episode_env_kwargs(cfg: BenchConfig, agent, service, tasks) -> dict:
+    """``gym.make`` kwargs: the user's, plus the proxy route and a Claude Code image for
+    CLI agents (their sandbox must reach the proxy)."""
+    kwargs = dict(cfg.env_kwargs)
+    if service is None or not _is_cli(agent):
+        return kwargs
+    from gyre_env.sandbox import SandboxConfig
+
+    sandbox = kwargs.get("sandbox_config") or SandboxConfig()
+    if isinstance(sandbox, dict):
+        sandbox = SandboxConfig.from_dict(sandbox)
+    sandbox.proxy_socket = service.route_socket
+    sandbox.proxy_port = service.config.sandbox_port
+    if agent.name == "claude-code":
+        from gyre_env.agents.cli_tap import claude_code_image
+
+        sandbox.image = claude_code_image(base=tasks[0].image)
+    kwargs["sandbox_config"] = sandbox
+    return kwargs
