@@ -1,0 +1,59 @@
+"""Scoring: the interim potential Φ, the final hidden-test score, rewards and outcomes.
+
+- ``interim``: Φ from syntax, lint and visible tests, recomputed incrementally.
+- ``final``: hidden tests in a fresh evaluator sandbox, tamper-proof, with blame
+  assignment (``ok`` / ``workspace_error`` / ``infra_error``).
+- ``rewards``: the ``potential``, ``interim`` and ``sparse`` reward modes.
+- ``junit``: JUnit XML parsing restricted to a task's own test files.
+
+An episode ends with one of ``OUTCOMES``:
+
+- ``success``: submitted, final score >= the env's success threshold (1.0 by default);
+- ``failure``: submitted with a lower score (also when the workspace broke the grading
+  run but the agent did not cause an ``agent_error`` below);
+- ``timeout``: the step or wall-clock limit cut the episode (``truncated=True``); the work
+  done is graded like a submission;
+- ``agent_error``: the workspace broke grading itself (install, interpreter crash, hang);
+  scored, and the score is valid;
+- ``infra_error``: a failure outside the agent's reach (dead sandbox, missing image, a
+  grader that fails on the gold workspace too); ``reward_valid`` is False.
+"""
+
+from __future__ import annotations
+
+from gyre_env.scoring.final import (
+    CommandRun,
+    GradingConfig,
+    GradingResult,
+    grade_sandbox,
+    grade_workspace,
+)
+from gyre_env.scoring.interim import Potential, PotentialConfig, PotentialScorer
+from gyre_env.scoring.junit import JUnitError, TestCase, TestCounts, parse_junit, select_cases
+from gyre_env.scoring.rewards import GRID, REWARD_MODES, RewardTracker, quantize
+from gyre_env.scoring.visible import VisibleRun, run_visible_tests
+
+OUTCOMES = ("success", "failure", "timeout", "agent_error", "infra_error")
+
+__all__ = [
+    "GRID",
+    "OUTCOMES",
+    "REWARD_MODES",
+    "CommandRun",
+    "GradingConfig",
+    "GradingResult",
+    "JUnitError",
+    "Potential",
+    "PotentialConfig",
+    "PotentialScorer",
+    "RewardTracker",
+    "TestCase",
+    "TestCounts",
+    "VisibleRun",
+    "grade_sandbox",
+    "grade_workspace",
+    "parse_junit",
+    "quantize",
+    "run_visible_tests",
+    "select_cases",
+]

@@ -1,0 +1,416 @@
+"""``Gyre/NL2Repo-v0``: build a repository from a natural-language spec, with tool calls.
+
+How a runner drives it::
+
+    env = gym.make("Gyre/NL2Repo-v0")                   # after `import gyre_env`
+    obs, info = env.reset(seed=0, options={"task_id": "micro-lru-cache"})
+    # obs: the prompt (instructions + spec); info["tools"]: the tools' JSON schemas
+    while True:
+        action = {"name": "write_file", "arguments": '{"path": "lru.py", "content": "..."}'}
+        obs, reward, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            break                                        # info["outcome"], info["grading"]
+    env.close()
+
+Each episode gets its own sandbox, started at ``reset`` with an empty workspace (plus
+``SPEC.md`` and the task's visible tests) and closed when the episode ends; the hidden
+tests never enter it. ``submit``, or the step/wall-clock limit, grades a copy of the
+workspace in a fresh evaluator sandbox (``gyre_env.scoring.final``).
+
+``info`` keys: ``tools`` (reset only), ``task`` (id, tier, domain, title, limits...),
+``step``, ``tool`` / ``tool_ok`` / ``error`` (what the last call did), ``reward``
+(``mode``, ``value``, ``potential`` breakdown, ``final_score``), ``outcome`` (None while
+running; then one of ``gyre_env.scoring.OUTCOMES``), ``reward_valid`` (False only for
+``infra_error``), ``grading`` (a digest of the hidden-test run, at the end). Timings are
+kept out of ``info`` so equal seeds and actions give equal infos; the full grading run
+with timings and logs is ``env.unwrapped.last_grading``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+from gyre_env.envs.nl2repo import tools as T
+
+from gyre_env.scoring import (
+    REWARD_MODES,
+    GradingConfig,
+    GradingResult,
+    PotentialConfig,
+    PotentialScorer,
+    RewardTracker,
+    grade_sandbox,
+    run_visible_tests,
+)
+from gyre_env.spaces import ToolCallSpace, UnicodeText, action_shape_error
+from gyre_env.tasks import TIERS, Task, load_suite, load_task_folder
+
+log = logging.getLogger(__name__)
+
+MAX_OBSERVATION_CHARS = 1 << 22
+
+
+class EnvInfraError(RuntimeError):
+    """The env could not set up an episode for reasons outside the agent (no sandbox, a
+    failing setup command). Raised from ``reset``; a runner should retry or skip."""
+
+
+@dataclass(kw_only=True)
+class NL2RepoConfig:
+    """Everything an ``NL2RepoEnv`` can be configured with (``gym.make`` kwargs)."""
+
+    suite: str = "builtin"
+    """A registered suite name (``builtin``, ``nl2repo``) or a folder of task folders."""
+    suite_kwargs: dict = field(default_factory=dict)
+    """Passed to ``load_suite``, e.g. ``{"checkout": ..., "tests": ...}`` for ``nl2repo``."""
+    task_path: str | None = None
+    """A task folder, or a folder of task folders; overrides ``suite``."""
+    tier: str | None = None
+    """Only tasks of this tier (``micro``, ``small``, ``repo``)."""
+    task_ids: list[str] | None = None
+    """Only these task ids."""
+    reward_mode: str = "potential"
+    """``potential`` (return == final score), ``interim`` or ``sparse``; see scoring.rewards."""
+    sandbox_backend: str = "auto"
+    """``auto``, ``docker``, ``bwrap`` or ``local`` (agent and evaluator sandboxes)."""
+    sandbox: dict = field(default_factory=dict)
+    """``SandboxConfig`` fields for the agent's sandbox (``image`` comes from the task)."""
+    max_steps: int | None = None
+    """Step limit; default: the task's ``max_steps``."""
+    wall_clock_s: float | None = None
+    """Wall-clock limit per episode; default: the task's ``wall_clock_s``."""
+    bash_timeout_s: float = 120.0
+    """Longest a single ``bash`` call may run."""
+    max_output_chars: int = 30_000
+    """Tool outputs longer than this keep their head and tail."""
+    write_spec: bool = True
+    """Also put the spec in the workspace as ``SPEC.md`` (CLI agents read files)."""
+    success_threshold: float = 1.0
+    """A submission scoring at least this is a ``success``."""
+    potential: PotentialConfig = field(default_factory=PotentialConfig)
+    grading: GradingConfig = field(default_factory=GradingConfig)
+
+    def __post_init__(self) -> None:
+        if self.reward_mode not in REWARD_MODES:
+            raise ValueError(f"reward_mode {self.reward_mode!r} is not one of {REWARD_MODES}")
+        if self.tier is not None and self.tier not in TIERS:
+            raise ValueError(f"tier {self.tier!r} is not one of {TIERS}")
+        if isinstance(self.potential, dict):
+            self.potential = PotentialConfig(**self.potential)
+        if isinstance(self.grading, dict):
+            self.grading = GradingConfig(**self.grading)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> NL2RepoConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown NL2RepoEnv options {unknown}; known: {sorted(known)}")
+        return cls(**kwargs)
+
+
+def load_tasks(config: NL2RepoConfig, tasks: list[Task] | None = None) -> list[Task]:
+    """The env's tasks: ``tasks`` or those ``config`` names, filtered by tier and ids."""
+    if tasks is None:
+        if config.task_path is not None:
+            tasks = load_task_folder(config.task_path)
+        else:
+            tasks = load_suite(config.suite, **config.suite_kwargs)
+    chosen = [t for t in tasks if config.tier is None or t.tier == config.tier]
+    if config.task_ids is not None:
+        missing = sorted(set(config.task_ids) - {t.id for t in chosen})
+        if missing:
+            raise ValueError(f"task ids {missing} are not in the selected tasks")
+        chosen = [t for t in chosen if t.id in set(config.task_ids)]
+    if not chosen:
+        raise ValueError(f"no tasks left after filtering (tier={config.tier!r})")
+    return sorted(chosen, key=lambda t: t.id)
+
+
+class NL2RepoEnv(gym.Env):
+    """Tool-call env over a suite of repository-building tasks (see the module docstring)."""
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(
+        self,
+        config: NL2RepoConfig | None = None,
+        *,
+        tasks: list[Task] | None = None,
+        render_mode: str | None = None,
+        **options: Any,
+    ):
+        if config is not None and options:
+            raise TypeError("pass either config= or keyword options, not both")
+        self.config = config or NL2RepoConfig.from_kwargs(**options)
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode {render_mode!r} is not supported; use 'ansi' or None")
+        self.render_mode = render_mode
+        self.tasks = load_tasks(self.config, tasks)
+        self.tool_schemas = [{k: v for k, v in t.items() if k != "examples"} for t in T.TOOLS]
+        self.action_space = ToolCallSpace(T.TOOLS)
+        self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
+        self.sandbox = None
+        self.task: Task | None = None
+        self.last_grading: GradingResult | None = None
+        self._last_obs = ""
+        self._done = True
+        self._closed = False
+
+    # -- tasks -------------------------------------------------------------------------
+
+    def _pick(self, options: dict) -> Task:
+        unknown = sorted(set(options) - {"task_id", "tier"})
+        if unknown:
+            raise ValueError(f"unknown reset options {unknown}; known: ['task_id', 'tier']")
+        pool = self.tasks
+        if options.get("tier") is not None:
+            pool = [t for t in pool if t.tier == options["tier"]]
+        if options.get("task_id") is not None:
+            pool = [t for t in pool if t.id == options["task_id"]]
+        if not pool:
+            raise ValueError(f"no task matches reset options {options}")
+        return pool[int(self.np_random.integers(len(pool)))]
+
+    # -- episode -----------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if self._closed:
+            raise RuntimeError("this env is closed")
+        self._release()
+        task = self._pick(dict(options or {}))
+        self.task, self.last_grading = task, None
+        self.sandbox = self._start(task)
+        self.steps = 0
+        self.max_steps = self.config.max_steps or task.max_steps
+        self.wall_clock_s = self.config.wall_clock_s or task.wall_clock_s
+        self.rewards = RewardTracker(self.config.reward_mode)
+        self.scorer = None
+        if self.config.reward_mode != "sparse":
+            self.scorer = PotentialScorer.for_sandbox(self.sandbox, task, self.config.potential)
+        self._potential = None
+        self._done = False
+        self._started = time.monotonic()
+        self._last_obs = self._prompt(task)
+        info = self._info(tool=None, ok=True, error=None, reward=0.0, outcome=None)
+        info["tools"] = copy.deepcopy(self.tool_schemas)
+        return self._last_obs, info
+
+    def _start(self, task: Task):
+        from gyre_env.sandbox import SandboxConfig, make_sandbox
+
+        try:
+            sandbox = make_sandbox(
+                SandboxConfig.from_dict({**self.config.sandbox, "image": task.image}),
+                self.config.sandbox_backend,
+            )
+        except Exception as e:
+            raise EnvInfraError(f"could not start a sandbox for {task.id!r}: {e}") from e
+        try:
+            if task.visible_tests_dir is not None:
+                sandbox.put_dir(str(task.visible_tests_dir), ".")
+            if self.config.write_spec:
+                sandbox.write_file("SPEC.md", task.spec)
+            for cmd in task.setup_commands:
+                result = sandbox.exec(cmd, timeout=600)
+                if not result.ok:
+                    raise EnvInfraError(
+                        f"setup command {cmd!r} of {task.id!r} failed "
+                        f"(exit {result.exit_code}): {result.output[-1000:]}"
+                    )
+        except BaseException:
+            sandbox.close()
+            raise
+        return sandbox
+
+    def _prompt(self, task: Task) -> str:
+        names = ", ".join(t["name"] for t in self.tool_schemas)
+        visible = (
+            "Some tests are provided in the workspace; `run_tests` runs them. "
+            if task.has_visible_tests
+            else ""
+        )
+        return (
+            f"You are in an empty workspace ({self.sandbox.workspace}). Implement the "
+            "specification below as files in this workspace. Hidden tests will grade your "
+            f"work when you call `submit` (or when the limits run out: {self.max_steps} "
+            f"steps, {self.wall_clock_s:.0f} seconds). {visible}Tools: {names}. There is "
+            "no network access.\n\n# Specification\n\n" + task.spec
+        )
+
+    def step(self, action: Any):
+        if self._closed:
+            raise RuntimeError("this env is closed")
+        if self._done:
+            raise RuntimeError("the episode is over (or never started): call reset() first")
+        shape_error = action_shape_error(action)
+        if shape_error is not None:
+            raise TypeError(
+                f"invalid action: {shape_error}. Expected "
+                '{"name": str, "arguments": JSON str or dict}'
+            )
+        self.steps += 1
+        args, error = self.action_space.validate_call(action)
+        name = action["name"]
+        from gyre_env.sandbox import SandboxError
+
+        try:
+            if error is not None:
+                out = T.ToolOutput(f"Error: {error}", ok=False)
+            elif name == "submit":
+                return self._finish(submitted=True, tool=name)
+            elif name == "run_tests":
+                out = self._run_tests()
+            else:
+                out = T.HANDLERS[name](self.sandbox, args, self)
+            if self._over_limits():
+                return self._finish(submitted=False, tool=name, tool_output=out)
+            phi = None
+            if self.scorer is not None and (name in T.MUTATING_TOOLS or self._potential is None):
+                self._potential = self.scorer.update(visible=out.visible)
+                phi = self._potential.phi
+            reward = self.rewards.step(phi)
+        except SandboxError as e:
+            return self._infra_failure(f"the agent's sandbox failed: {e}", tool=name)
+        self._last_obs = clip_obs(out.text)
+        info = self._info(
+            tool=name, ok=out.ok, error=None if out.ok else out.text, reward=reward, outcome=None
+        )
+        return self._last_obs, reward, False, False, info
+
+    def _run_tests(self) -> T.ToolOutput:
+        if not self.task.has_visible_tests:
+            return T.ToolOutput("Error: this task has no visible tests.", ok=False)
+        run = run_visible_tests(self.sandbox, self.task, self.config.potential.tests_timeout_s)
+        return T.ToolOutput(
+            run.render(self.config.max_output_chars), ok=not run.problems, visible=run
+        )
+
+    # -- limits ------------------------------------------------------------------------
+
+    @property
+    def bash_timeout_s(self) -> float:
+        return self.config.bash_timeout_s
+
+    @property
+    def max_output_chars(self) -> int:
+        return self.config.max_output_chars
+
+    def time_left_s(self) -> float:
+        return self.wall_clock_s - (time.monotonic() - self._started)
+
+    def _over_limits(self) -> bool:
+        return self.steps >= self.max_steps or self.time_left_s() <= 0
+
+    # -- the end of an episode ---------------------------------------------------------
+
+    def _finish(self, *, submitted: bool, tool: str, tool_output=None):
+        grading = grade_sandbox(self.task, self.sandbox, self._grading_config())
+        self.last_grading = grading
+        self._release()
+        self._done = True
+        if grading.status == "infra_error":
+            return self._infra_failure(grading.reason, tool=tool, grading=grading)
+        if not submitted:
+            outcome = "timeout"
+        elif grading.status == "workspace_error":
+            outcome = "agent_error"
+        else:
+            outcome = "success" if grading.score >= self.config.success_threshold else "failure"
+        reward = self.rewards.final(grading.score)
+        text = (tool_output.text + "\n\n") if tool_output is not None else ""
+        why = "Submitted." if submitted else "Limit reached: the episode was cut and graded."
+        text += (
+            f"{why} Hidden tests: {grading.passed} of {grading.declared} passed; "
+            f"score {grading.score:.4f}."
+        )
+        if grading.status == "workspace_error":
+            text += f" The workspace broke the grading run: {grading.reason}"
+        self._last_obs = clip_obs(text)
+        info = self._info(
+            tool=tool, ok=True, error=None, reward=reward, outcome=outcome, grading=grading
+        )
+        return self._last_obs, reward, submitted, not submitted, info
+
+    def _infra_failure(self, reason: str, *, tool: str, grading=None):
+        log.warning("infra_error in %s: %s", self.task.id if self.task else "?", reason)
+        self._release()
+        self._done = True
+        self._last_obs = f"The episode stopped because of an infrastructure failure: {reason}"
+        info = self._info(
+            tool=tool, ok=False, error=reason, reward=0.0, outcome="infra_error", grading=grading
+        )
+        info["reward_valid"] = False
+        return clip_obs(self._last_obs), 0.0, False, True, info
+
+    def _grading_config(self) -> GradingConfig:
+        cfg = self.config.grading
+        if cfg.backend == "auto" and self.config.sandbox_backend != "auto":
+            cfg = dataclasses.replace(cfg, backend=self.config.sandbox_backend)
+        return cfg
+
+    def _info(self, *, tool, ok, error, reward, outcome, grading=None) -> dict:
+        t = self.task
+        potential = self._potential.as_dict() if getattr(self, "_potential", None) else None
+        info = {
+            "task": {
+                "id": t.id,
+                "tier": t.tier,
+                "domain": t.domain,
+                "title": t.title,
+                "test_count": t.test_count,
+                "has_visible_tests": t.has_visible_tests,
+                "max_steps": self.max_steps,
+                "wall_clock_s": self.wall_clock_s,
+                "image": t.image,
+                "source": t.source,
+            },
+            "step": self.steps,
+            "tool": tool,
+            "tool_ok": ok,
+            "error": error,
+            "reward": {
+                "mode": self.config.reward_mode,
+                "value": reward,
+                "potential": potential,
+                "final_score": grading.score if grading is not None and grading.valid else None,
+                "return": self.rewards.paid,
+            },
+            "outcome": outcome,
+            "reward_valid": True,
+        }
+        if grading is not None:
+            info["grading"] = grading.summary()
+        return info
+
+    # -- rendering and cleanup ---------------------------------------------------------
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return self._last_obs
+        return None
+
+    def _release(self) -> None:
+        sandbox, self.sandbox = self.sandbox, None
+        if sandbox is not None:
+            try:
+                sandbox.close()
+            except Exception as e:
+                log.warning("closing sandbox %s failed: %s", getattr(sandbox, "id", "?"), e)
+
+    def close(self) -> None:
+        """Free the sandbox; idempotent."""
+        self._release()
+        self._done = True
+        self._closed = True
+
+
+def clip_obs(text: str) -> str:
+    return T.clip(text, MAX_OBSERVATION_CHARS)

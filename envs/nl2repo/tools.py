@@ -1,0 +1,238 @@
+"""The NL2Repo tools: JSON schemas and their execution against a sandbox.
+
+Every tool returns a ``ToolOutput``: text for the agent plus whether the call worked. A
+mistake the agent can fix (a missing file, a path outside the workspace, an ambiguous
+edit) is an ``ok=False`` output, never an exception. Only a sandbox that died raises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gyre_env.sandbox import PathOutsideWorkspaceError, SandboxError
+from gyre_env.sandbox.shell import shell_quote
+
+_PATH_EXAMPLES = ["main.py", "pkg/__init__.py", "notes.txt", "tests/test_main.py"]
+
+TOOLS: list[dict] = [
+    {
+        "name": "bash",
+        "description": "Run a bash command in the workspace (no network). Returns its output "
+        "and exit code. State such as `cd` does not persist between calls.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "command": {
+                    "type": "string",
+                    "description": "The command line.",
+                    "examples": ["ls", "echo hello", "find . -name '*.py' | sort", "true"],
+                },
+                "timeout": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 3600,
+                    "description": "Seconds before the command is killed (capped by the env).",
+                },
+            },
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "read_file",
+        "description": "Read a text file of the workspace, optionally a range of lines (1-based).",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "examples": _PATH_EXAMPLES},
+                "start_line": {"type": "integer", "minimum": 1},
+                "end_line": {"type": "integer", "minimum": 1},
+            },
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "write_file",
+        "description": "Create or overwrite a file (parent folders are created).",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "examples": _PATH_EXAMPLES},
+                "content": {"type": "string"},
+            },
+            "required": ["path", "content"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "str_replace",
+        "description": "Replace an exact snippet of a file. `old_str` must occur exactly once "
+        "unless `replace_all` is true.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "examples": _PATH_EXAMPLES},
+                "old_str": {"type": "string"},
+                "new_str": {"type": "string"},
+                "replace_all": {"type": "boolean"},
+            },
+            "required": ["path", "old_str", "new_str"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "list_dir",
+        "description": "List files and folders under a workspace folder (folders end in /).",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "examples": [".", "pkg", "tests"]},
+                "depth": {"type": "integer", "minimum": 1, "maximum": 10},
+            },
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "run_tests",
+        "description": "Run the task's visible tests (if it has any) and summarise the results.",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+    },
+    {
+        "name": "submit",
+        "description": "Finish: the workspace is graded by hidden tests and the episode ends.",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+    },
+]
+
+MUTATING_TOOLS = frozenset({"bash", "write_file", "str_replace"})
+"""Tools after which the workspace may have changed (Φ is recomputed only after these)."""
+
+
+@dataclass
+class ToolOutput:
+    text: str
+    ok: bool = True
+    visible: object = None
+    """The ``VisibleRun`` behind a ``run_tests`` output (reused for Φ)."""
+
+
+def clip(text: str, limit: int) -> str:
+    """Keep the head and tail of ``text`` within ``limit`` characters, saying what was cut."""
+    if len(text) <= limit:
+        return text
+    half = max(limit // 2 - 60, 0)
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
+def _fail(text: str) -> ToolOutput:
+    return ToolOutput(f"Error: {text}", ok=False)
+
+
+def _file_errors(call):
+    """Turn the sandbox's file-API errors into agent-readable outputs (dead sandbox: raise)."""
+
+    def wrapped(sandbox, args, limits):
+        try:
+            return call(sandbox, args, limits)
+        except PathOutsideWorkspaceError:
+            return _fail(f"path {args.get('path')!r} is outside the workspace")
+        except FileNotFoundError:
+            return _fail(f"no such file: {args.get('path')!r}")
+        except IsADirectoryError:
+            return _fail(f"{args.get('path')!r} is a directory")
+        except ValueError as e:
+            return _fail(str(e))
+        except SandboxError as e:
+            if sandbox.alive():
+                return _fail(str(e))
+            raise
+
+    return wrapped
+
+
+def run_bash(sandbox, args, limits) -> ToolOutput:
+    timeout = min(args.get("timeout", limits.bash_timeout_s), limits.bash_timeout_s)
+    timeout = max(1.0, min(timeout, limits.time_left_s()))
+    result = sandbox.exec(args["command"], timeout=timeout)
+    text = result.output
+    if result.timed_out:
+        text += f"\n[command timed out after {timeout:.0f}s and was killed]"
+    text = clip(text, limits.max_output_chars)
+    return ToolOutput(
+        f"{text}{'' if text.endswith(chr(10)) or not text else chr(10)}"
+        f"[exit code {result.exit_code}]",
+        ok=result.ok,
+    )
+
+
+@_file_errors
+def read_file(sandbox, args, limits) -> ToolOutput:
+    data = sandbox.read_file(args["path"])
+    if b"\x00" in data[:8192]:
+        return _fail(f"{args['path']!r} is a binary file ({len(data)} bytes)")
+    text = data.decode("utf-8", errors="replace")
+    start, end = args.get("start_line"), args.get("end_line")
+    if start is not None or end is not None:
+        lines = text.splitlines(keepends=True)
+        text = "".join(lines[(start or 1) - 1 : end])
+    return ToolOutput(clip(text, limits.max_output_chars))
+
+
+@_file_errors
+def write_file(sandbox, args, limits) -> ToolOutput:
+    data = args["content"].encode("utf-8", errors="surrogatepass")
+    sandbox.write_file(args["path"], data)
+    return ToolOutput(f"Wrote {len(data)} bytes to {args['path']}.")
+
+
+@_file_errors
+def str_replace(sandbox, args, limits) -> ToolOutput:
+    old, new, path = args["old_str"], args["new_str"], args["path"]
+    if not old:
+        return _fail("old_str must not be empty")
+    text = sandbox.read_file(path).decode("utf-8", errors="surrogateescape")
+    count = text.count(old)
+    if count == 0:
+        return _fail(f"old_str not found in {path}")
+    if count > 1 and not args.get("replace_all", False):
+        return _fail(
+            f"old_str occurs {count} times in {path}; add context to make it unique "
+            "or set replace_all"
+        )
+    sandbox.write_file(path, text.replace(old, new).encode("utf-8", errors="surrogateescape"))
+    return ToolOutput(f"Replaced {count} occurrence{'s' * (count > 1)} in {path}.")
+
+
+def list_dir(sandbox, args, limits) -> ToolOutput:
+    path, depth = args.get("path", "."), int(args.get("depth", 2))
+    ws = shell_quote(sandbox.workspace)
+    target = path if path.startswith("/") else f"{sandbox.workspace}/{path}"
+    script = (
+        f"p=$(realpath -m -- {shell_quote(target)}); "
+        f'case "$p" in {ws}|{ws}/*) ;; *) exit 97;; esac; '
+        '[ -d "$p" ] || exit 98; cd -- "$p" && '
+        f"find . -mindepth 1 -maxdepth {depth} \\( -name .git -o -name __pycache__ \\) -prune "
+        "-o -printf '%P\\t%y\\n' | LC_ALL=C sort | head -n 2000"
+    )
+    result = sandbox.exec(script, timeout=60)
+    if result.exit_code == 97:
+        return _fail(f"path {path!r} is outside the workspace")
+    if result.exit_code == 98:
+        return _fail(f"no such folder: {path!r}")
+    entries = []
+    for line in result.stdout.splitlines():
+        name, _, kind = line.rpartition("\t")
+        entries.append(name + ("/" if kind == "d" else ""))
+    if not entries:
+        return ToolOutput(f"{path} is empty.")
+    return ToolOutput(clip("\n".join(entries), limits.max_output_chars))
+
+
+HANDLERS = {
+    "bash": run_bash,
+    "read_file": read_file,
+    "write_file": write_file,
+    "str_replace": str_replace,
+    "list_dir": list_dir,
+}

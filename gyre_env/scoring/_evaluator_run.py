@@ -1,0 +1,331 @@
+"""Runs INSIDE the evaluator sandbox, as root, with the image's own Python (stdlib only).
+
+    python3 -I <grader>/run.py <grader>/plan.json
+
+The host put two folders in the evaluator's workspace: ``repo/`` (a copy of the agent's
+workspace) and ``grader/`` (this script, the pytest launcher, the hidden tests, the plan).
+This script, before any agent-written code runs:
+
+1. deletes the task's ``remove`` paths, every ``conftest.py``, ``__pycache__`` and ``.pyc``
+   from the copy, then copies the hidden tests over it;
+2. picks an unprivileged uid (random, unused) and checks it can run the interpreter; the
+   copy becomes that uid's, except the hidden test files (root's, read-only) and the
+   folders that hold them (root's, sticky, group-writable): the agent's code can add
+   files next to the hidden tests but cannot change, move or delete them;
+3. writes PATH shims: ``pytest``, ``py.test`` and ``python* -m pytest`` run the grader's
+   launcher with ``python -I`` (no cwd, no user site, no PYTHON* variables), ``pip`` runs
+   the real pip of this interpreter;
+4. runs each test command through ``bash -c`` as that uid in a clean environment
+   (``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``, a private ``PYTHONUSERBASE`` for ``pip install``,
+   no network index), each report path deleted just before its command, every process of
+   the uid killed after it, so nothing the install step started can write a report later;
+5. copies each report to a root-owned file and prints a JSON summary on stdout.
+
+When the uid cannot be used (not root, or the interpreter is not readable by others, as
+with a Python under /root on a bare host) the commands run as the current user and the
+summary says ``"privilege_drop": false``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+TAIL = 6000  # bytes of each command's output kept
+
+
+def main(plan_path: str) -> int:
+    with open(plan_path) as fh:
+        plan = json.load(fh)
+    grader = os.path.dirname(os.path.abspath(plan_path))
+    repo = plan["repo"]
+    python = os.path.realpath(sys.executable)
+    out = os.path.join(grader, "out")
+    home, userbase, tmp = (os.path.join(grader, d) for d in ("home", "userbase", "tmp"))
+    for d in (out, home, userbase, tmp):
+        os.makedirs(d, exist_ok=True)
+    hidden = os.path.join(grader, "hidden")
+    for rel in plan["remove"]:
+        _remove(os.path.join(repo, rel))
+    _sweep(repo, keep=set())
+    _overlay(hidden, repo)
+    hidden_files = set(_files(hidden))
+    uid = _pick_uid() if plan.get("privilege_drop", True) else None
+    if uid is not None and not _can_run_as(uid, python, grader):
+        uid = None
+    if uid is not None:
+        _own(repo, uid, hidden_files)
+        for d in (out, home, userbase, tmp):
+            os.chown(d, uid, uid)
+    _write_shims(grader, python)
+    ini = os.path.join(repo, "pytest.ini") if "pytest.ini" in hidden_files else None
+    env = _command_env(grader, home, userbase, tmp, ini or os.path.join(grader, "pytest.ini"))
+    deadline = time.monotonic() + float(plan["timeout_s"])
+    results = []
+    for i, step in enumerate(plan["commands"]):
+        report = step.get("report")
+        if report:
+            _remove(report)
+        _sweep(repo, keep=hidden_files)  # the install step may have planted conftest.py
+        left = deadline - time.monotonic()
+        result = _run(step["command"], repo, env, uid, max(left, 0.5))
+        if uid is not None:
+            _kill_uid(uid, python)
+        result["report"] = None
+        if report and os.path.isfile(report) and not os.path.islink(report):
+            final = os.path.join(grader, "reports", f"final-{i}.xml")
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            shutil.copyfile(report, final)
+            result["report"] = os.path.relpath(final, plan["workspace"])
+        results.append(result)
+    print(
+        json.dumps(
+            {"privilege_drop": uid is not None, "uid": uid, "python": python, "commands": results}
+        )
+    )
+    return 0
+
+
+def _remove(path: str) -> None:
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)
+
+
+def _files(root: str) -> list[str]:
+    out = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            out.append(os.path.relpath(os.path.join(dirpath, name), root))
+    return out
+
+
+def _sweep(repo: str, keep: set[str]) -> None:
+    """Delete conftest.py files (bar the hidden ones), bytecode caches and .pyc files."""
+    for dirpath, dirs, files in os.walk(repo):
+        for d in list(dirs):
+            if d == "__pycache__":
+                _remove(os.path.join(dirpath, d))
+                dirs.remove(d)
+        for name in files:
+            rel = os.path.relpath(os.path.join(dirpath, name), repo)
+            if (name == "conftest.py" and rel not in keep) or name.endswith((".pyc", ".pyo")):
+                _remove(os.path.join(dirpath, name))
+
+
+def _overlay(src: str, dst: str) -> None:
+    """Copy ``src`` over ``dst``; whatever stands at a target path (a link, a folder) goes."""
+    for rel in _files(src):
+        target = os.path.join(dst, rel)
+        parent = os.path.dirname(target)
+        # A planted link or file where a folder must be is removed, never followed.
+        probe = dst
+        for part in os.path.relpath(parent, dst).split(os.sep):
+            if part in ("", "."):
+                continue
+            probe = os.path.join(probe, part)
+            if os.path.islink(probe) or (os.path.exists(probe) and not os.path.isdir(probe)):
+                _remove(probe)
+        os.makedirs(parent, exist_ok=True)
+        if os.path.lexists(target):
+            _remove(target)
+        shutil.copyfile(os.path.join(src, rel), target)
+
+
+def _pick_uid() -> int | None:
+    if os.geteuid() != 0:
+        return None
+    used = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                used.add(os.stat("/proc/" + entry).st_uid)
+            except OSError:
+                pass
+    while True:
+        uid = 200000 + secrets.randbelow(700000)
+        if uid not in used:
+            return uid
+
+
+def _dropper(uid: int):
+    def drop() -> None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+        os.umask(0o022)
+
+    return drop
+
+
+def _can_run_as(uid: int, python: str, cwd: str) -> bool:
+    try:
+        proc = subprocess.run(
+            [python, "-I", "-c", "import pytest"],
+            preexec_fn=_dropper(uid),
+            cwd=cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0
+
+
+def _own(repo: str, uid: int, hidden_files: set[str]) -> None:
+    """The copy becomes the uid's; hidden files and their folders stay root's."""
+    guarded = {os.path.dirname(os.path.join(repo, rel)) for rel in hidden_files}
+    for d in list(guarded):
+        while d != repo and d.startswith(repo):
+            d = os.path.dirname(d)
+            guarded.add(d)
+    guarded.add(repo)
+    for dirpath, dirs, files in os.walk(repo):
+        for name in dirs + files:
+            path = os.path.join(dirpath, name)
+            os.lchown(path, uid, uid)
+    os.chown(repo, uid, uid)
+    for rel in hidden_files:
+        path = os.path.join(repo, rel)
+        os.chown(path, 0, 0)
+        os.chmod(path, 0o644)
+    for d in guarded:
+        os.chown(d, 0, uid)
+        os.chmod(d, 0o1775)
+    parent = os.path.dirname(repo)
+    os.chmod(parent, os.stat(parent).st_mode | 0o755)
+
+
+_PYTHON_SHIM = """#!/bin/bash
+# python* -m pytest ... runs the grader's launcher; anything else runs the real interpreter.
+args=("$@"); i=0
+while [ $i -lt ${#args[@]} ]; do
+  case "${args[$i]}" in
+    -m) [ "${args[$((i+1))]}" = pytest ] && exec %(py)s -I %(launch)s "${args[@]:$((i+2))}"; break;;
+    -mpytest) exec %(py)s -I %(launch)s "${args[@]:$((i+1))}";;
+    -c|-) break;;
+    -*) i=$((i+1));;
+    *) break;;
+  esac
+done
+exec %(py)s "$@"
+"""
+
+
+def _write_shims(grader: str, python: str) -> None:
+    bindir = os.path.join(grader, "bin")
+    os.makedirs(bindir, exist_ok=True)
+    launch = os.path.join(grader, "launch.py")
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    shims = {
+        "pytest": f'#!/bin/sh\nexec {python} -I {launch} "$@"\n',
+        "py.test": f'#!/bin/sh\nexec {python} -I {launch} "$@"\n',
+        "pip": f'#!/bin/sh\nexec {python} -m pip "$@"\n',
+        "pip3": f'#!/bin/sh\nexec {python} -m pip "$@"\n',
+    }
+    for name in ("python", "python3", version):
+        shims[name] = _PYTHON_SHIM % {"py": python, "launch": launch}
+    for name, text in shims.items():
+        path = os.path.join(bindir, name)
+        with open(path, "w") as fh:
+            fh.write(text)
+        os.chmod(path, 0o755)
+
+
+def _command_env(grader: str, home: str, userbase: str, tmp: str, ini: str) -> dict:
+    system_path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    return {
+        "PATH": os.path.join(grader, "bin") + ":" + system_path,
+        "HOME": home,
+        "TMPDIR": tmp,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONUSERBASE": userbase,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "GYRE_GRADER_INI": ini,
+        "PIP_USER": "1",
+        "PIP_NO_INDEX": "1",
+        "PIP_NO_BUILD_ISOLATION": "0",  # pip's inverted flag: "0" turns isolation off
+        "PIP_BREAK_SYSTEM_PACKAGES": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PIP_ROOT_USER_ACTION": "ignore",
+        "PIP_NO_INPUT": "1",
+        "PIP_NO_CACHE_DIR": "1",
+    }
+
+
+def _run(command: str, cwd: str, env: dict, uid: int | None, timeout: float) -> dict:
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_dropper(uid) if uid is not None else None,
+    )
+    head, tail = bytearray(), bytearray()
+
+    def pump() -> None:
+        for chunk in iter(lambda: proc.stdout.read(65536), b""):
+            if len(head) < TAIL // 3:
+                head.extend(chunk[: TAIL // 3 - len(head)])
+            tail.extend(chunk)
+            del tail[: max(0, len(tail) - TAIL)]
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        code = proc.wait()
+    reader.join(timeout=5)
+    text = tail.decode("utf-8", "replace")
+    if len(head) + len(tail) > TAIL:
+        text = head.decode("utf-8", "replace") + "\n[... output cut ...]\n" + text
+    return {
+        "command": command,
+        "exit_code": code,
+        "timed_out": timed_out,
+        "duration_s": round(time.monotonic() - start, 3),
+        "output": text,
+    }
+
+
+def _kill_uid(uid: int, python: str) -> None:
+    """SIGKILL every process of ``uid`` (kill(-1) from that uid reaches exactly those)."""
+    for _ in range(3):
+        subprocess.run(
+            [
+                python,
+                "-I",
+                "-c",
+                "import os, signal\ntry: os.kill(-1, signal.SIGKILL)\n"
+                "except ProcessLookupError: pass",
+            ],
+            preexec_fn=_dropper(uid),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,299 @@
+"""The final score: hidden tests run against a copy of the workspace in a fresh sandbox.
+
+``grade_workspace(task, folder)`` starts an evaluator sandbox from the task's image, puts
+the workspace copy and the grader (``_evaluator_run.py``, ``_pytest_launcher.py``, the
+hidden tests) in it, runs the task's test commands through bash (see
+``_evaluator_run`` for what is locked down and why) and reads the JUnit XML reports:
+score = passed / declared, capped at 1, counting only cases from the hidden test files.
+
+Who is to blame when grading fails: a run that leaves a report missing or unreadable,
+times out, or kills the evaluator is *suspect*. The same grader then runs on the task's
+gold solution (or an empty workspace when there is none) in another fresh evaluator. If
+that control run works, the failure came from the workspace: ``status="workspace_error"``,
+scored like any other result (a policy must not escape a low score by crashing the
+grader). If the control fails too, or no evaluator could be started (missing image, no
+daemon), ``status="infra_error"`` and the score is not valid.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gyre_env.scoring.junit import JUnitError, TestCase, TestCounts, parse_junit, select_cases
+from gyre_env.scoring.rewards import quantize
+from gyre_env.tasks import Task
+
+log = logging.getLogger(__name__)
+
+_HERE = Path(__file__).resolve().parent
+NEUTRAL_INI = "[pytest]\n"
+
+
+@dataclass(kw_only=True)
+class GradingConfig:
+    """How the final score is computed."""
+
+    backend: str = "auto"
+    """Sandbox backend of the evaluator (``auto``, ``docker``, ``bwrap``, ``local``)."""
+    sandbox: dict = field(default_factory=dict)
+    """``SandboxConfig`` fields for the evaluator (``image`` comes from the task)."""
+    privilege_drop: bool = True
+    """Run the test commands as a fresh unprivileged uid where the evaluator allows it."""
+    control_run: bool = True
+    """On a suspect run, grade the gold (or empty) workspace to decide who is to blame."""
+    timeout_s: float | None = None
+    """Limit for all test commands together; default: the task's ``grading_timeout_s``."""
+
+
+@dataclass(kw_only=True)
+class CommandRun:
+    """One test command as the evaluator ran it."""
+
+    command: str
+    exit_code: int
+    timed_out: bool
+    duration_s: float
+    output: str
+    report: str | None
+    """Workspace-relative path of the report in the evaluator, or None if none was written."""
+
+
+@dataclass(kw_only=True)
+class GradingResult:
+    """The outcome of grading one workspace."""
+
+    status: str
+    """``ok``, ``workspace_error`` (scored; the workspace broke the run) or ``infra_error``."""
+    score: float
+    """passed / declared, capped at 1 (0.0 for ``infra_error``, which is not a valid score)."""
+    declared: int
+    counts: TestCounts = field(default_factory=TestCounts)
+    reason: str = ""
+    commands: list[CommandRun] = field(default_factory=list)
+    privilege_drop: bool = False
+    duration_s: float = 0.0
+    control: GradingResult | None = None
+
+    @property
+    def passed(self) -> int:
+        return self.counts.passed
+
+    @property
+    def collected(self) -> int:
+        return self.counts.collected
+
+    @property
+    def count_mismatch(self) -> bool:
+        """Collected hidden cases differ from the declared count (reported, not fatal)."""
+        return self.status != "infra_error" and self.collected != self.declared
+
+    @property
+    def valid(self) -> bool:
+        return self.status != "infra_error"
+
+    def summary(self) -> dict:
+        """A JSON-able digest (no timings: equal inputs give equal digests)."""
+        return {
+            "status": self.status,
+            "score": self.score,
+            "declared": self.declared,
+            "collected": self.collected,
+            "passed": self.counts.passed,
+            "failed": self.counts.failed,
+            "errors": self.counts.errors,
+            "skipped": self.counts.skipped,
+            "count_mismatch": self.count_mismatch,
+            "reason": self.reason,
+        }
+
+
+def grade_workspace(
+    task: Task, workspace: str | Path | None, config: GradingConfig | None = None
+) -> GradingResult:
+    """Grade a host folder (None: an empty workspace), with blame assignment."""
+    config = config or GradingConfig()
+    result = _grade_once(task, workspace, config)
+    if result.status != "suspect":
+        return result
+    if not config.control_run:
+        result.status = "workspace_error"
+        result.reason += " (no control run: counted against the workspace)"
+        return result
+    control = _control(task, config)
+    result.control = control
+    if control.status == "ok":
+        result.status = "workspace_error"
+        result.reason += f"; the grader works on the {_control_name(task)} workspace"
+    else:
+        result.status = "infra_error"
+        result.score = 0.0
+        result.reason += (
+            f"; the grader also fails on the {_control_name(task)} workspace: {control.reason}"
+        )
+    return result
+
+
+def grade_sandbox(task: Task, sandbox, config: GradingConfig | None = None) -> GradingResult:
+    """Grade the workspace of a live agent sandbox (it is copied out, never graded in place)."""
+    from gyre_env.sandbox import SandboxError
+
+    config = config or GradingConfig()
+    with tempfile.TemporaryDirectory(prefix="gyre-grade-copy-") as tmp:
+        try:
+            _copy_out(sandbox, tmp)
+        except (SandboxError, OSError, ValueError) as e:
+            alive = _alive(sandbox)
+            status = "workspace_error" if alive else "infra_error"
+            why = "could not be copied out" if alive else "died before it could be copied out"
+            return GradingResult(
+                status=status,
+                score=0.0,
+                declared=task.test_count,
+                reason=f"the agent's workspace {why}: {e}",
+            )
+        return grade_workspace(task, tmp, config)
+
+
+def _copy_out(sandbox, dest: str) -> None:
+    import tarfile
+
+    try:
+        sandbox.get_dir(".", dest)
+    except tarfile.TarError:
+        # Links that point outside the workspace are refused by the copy; drop every link
+        # and copy again (the workspace is the agent's: its links are its problem).
+        shutil.rmtree(dest, ignore_errors=True)
+        sandbox.exec("find . -type l -delete", timeout=120)
+        sandbox.get_dir(".", dest)
+
+
+def _alive(sandbox) -> bool:
+    try:
+        return bool(sandbox.alive())
+    except Exception:
+        return False
+
+
+def _control_name(task: Task) -> str:
+    return "gold" if task.gold_dir is not None else "empty"
+
+
+_CONTROL_CACHE: dict[tuple, GradingResult] = {}
+
+
+def _control(task: Task, config: GradingConfig) -> GradingResult:
+    key = (task.id, task.source, config.backend, json.dumps(config.sandbox, sort_keys=True))
+    if key not in _CONTROL_CACHE:
+        result = _grade_once(task, task.gold_dir, config)
+        if result.status == "ok" and task.gold_dir is not None and result.counts.passed == 0:
+            result.status, result.reason = "suspect", "the gold solution passes no test"
+        _CONTROL_CACHE[key] = result
+    return _CONTROL_CACHE[key]
+
+
+def _grade_once(task: Task, workspace: str | Path | None, config: GradingConfig) -> GradingResult:
+    from gyre_env.sandbox import SandboxConfig, SandboxError, make_sandbox
+
+    start = time.monotonic()
+    declared = task.test_count
+    try:
+        sandbox = make_sandbox(
+            SandboxConfig.from_dict({**config.sandbox, "image": task.image}), config.backend
+        )
+    except Exception as e:  # no daemon, missing image, bad config: nothing the agent did
+        return GradingResult(
+            status="infra_error",
+            score=0.0,
+            declared=declared,
+            reason=f"could not start an evaluator sandbox: {type(e).__name__}: {e}",
+            duration_s=time.monotonic() - start,
+        )
+    try:
+        result = _run_in(sandbox, task, workspace, config)
+    except (SandboxError, OSError, ValueError, KeyError) as e:
+        result = GradingResult(
+            status="suspect",
+            score=0.0,
+            declared=declared,
+            reason=f"the evaluator failed: {type(e).__name__}: {e}",
+        )
+    finally:
+        sandbox.close()
+    result.duration_s = time.monotonic() - start
+    return result
+
+
+def _run_in(sandbox, task: Task, workspace, config: GradingConfig) -> GradingResult:
+    ws = sandbox.workspace
+    timeout = float(config.timeout_s or task.grading_timeout_s)
+    with tempfile.TemporaryDirectory(prefix="gyre-grade-stage-") as tmp:
+        stage = Path(tmp)
+        repo, grader = stage / "repo", stage / "grader"
+        if workspace is not None:
+            shutil.copytree(workspace, repo, symlinks=True)
+        else:
+            repo.mkdir()
+        grader.mkdir()
+        shutil.copytree(task.hidden_tests_dir, grader / "hidden")
+        shutil.copyfile(_HERE / "_evaluator_run.py", grader / "run.py")
+        shutil.copyfile(_HERE / "_pytest_launcher.py", grader / "launch.py")
+        (grader / "pytest.ini").write_text(NEUTRAL_INI)
+        commands = task.grading_commands(f"{ws}/grader/out")
+        plan = {
+            "workspace": ws,
+            "repo": f"{ws}/repo",
+            "remove": list(task.remove_before_grading),
+            "timeout_s": timeout,
+            "privilege_drop": config.privilege_drop,
+            "commands": [{"command": c.command, "report": c.junit_path} for c in commands],
+        }
+        (grader / "plan.json").write_text(json.dumps(plan))
+        sandbox.put_dir(str(stage), ".")
+    proc = sandbox.exec(
+        f"python3 -I {ws}/grader/run.py {ws}/grader/plan.json", timeout=timeout + 120, cwd=ws
+    )
+    try:
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return GradingResult(
+            status="suspect",
+            score=0.0,
+            declared=task.test_count,
+            reason=f"the grader crashed (exit {proc.exit_code}): {proc.output[-2000:]}",
+        )
+    return _score(sandbox, task, summary)
+
+
+def _score(sandbox, task: Task, summary: dict) -> GradingResult:
+    runs = [CommandRun(**c) for c in summary["commands"]]
+    cases: list[TestCase] = []
+    problems = []
+    for spec, run in zip(task.grading_commands("."), runs, strict=True):
+        if run.timed_out:
+            problems.append(f"`{run.command}` timed out")
+        if spec.junit_path is None:
+            continue
+        if run.report is None:
+            problems.append(f"`{run.command}` wrote no report (exit {run.exit_code})")
+            continue
+        try:
+            cases += parse_junit(sandbox.read_file(run.report))
+        except JUnitError as e:
+            problems.append(f"`{run.command}` wrote an unreadable report: {e}")
+    counts = TestCounts.of(select_cases(cases, task.hidden_test_paths))
+    score = quantize(min(1.0, counts.passed / task.test_count))
+    return GradingResult(
+        status="suspect" if problems else "ok",
+        score=score,
+        declared=task.test_count,
+        counts=counts,
+        reason="; ".join(problems),
+        commands=runs,
+        privilege_drop=bool(summary.get("privilege_drop")),
+    )

@@ -1,0 +1,78 @@
+"""Visible tests: run in the agent's own sandbox, for the ``run_tests`` tool and for Φ.
+
+These runs give feedback and shaping only; nothing here is tamper-proof (the agent can
+edit the visible tests). Like the grader, only cases from the visible test files count.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from dataclasses import dataclass, field
+
+from gyre_env.scoring.junit import JUnitError, TestCounts, parse_junit, select_cases
+from gyre_env.tasks import Task
+
+PYTEST_ADDOPTS = "-o junit_family=xunit1 -p no:cacheprovider"
+
+
+@dataclass(kw_only=True)
+class VisibleRun:
+    """The result of the visible test commands."""
+
+    counts: TestCounts
+    problems: list[str] = field(default_factory=list)
+    """Commands that timed out or wrote no (readable) report."""
+    output: str = ""
+    """Tail of the commands' output (shown only when no report explains the result)."""
+
+    @property
+    def pass_fraction(self) -> float:
+        return self.counts.passed / self.counts.collected if self.counts.collected else 0.0
+
+    def render(self, limit: int = 20000) -> str:
+        """A deterministic text summary for the agent: counts, then each non-passing case."""
+        c = self.counts
+        lines = [
+            f"Visible tests: {c.passed} passed, {c.failed} failed, {c.errors} errors, "
+            f"{c.skipped} skipped ({c.collected} collected)."
+        ]
+        lines += [f"Problem: {p}" for p in self.problems]
+        for case in c.cases:
+            if case.outcome in ("failed", "error"):
+                lines.append(f"\n{case.outcome.upper()} {case.display_name}\n{case.message}")
+        if self.problems and self.output:
+            lines.append("\nOutput (tail):\n" + self.output[-4000:])
+        text = "\n".join(lines)
+        if len(text) > limit:
+            text = text[: limit - 40] + "\n[... cut: summary too long ...]"
+        return text
+
+
+def run_visible_tests(sandbox, task: Task, timeout_s: float = 300.0) -> VisibleRun:
+    """Run ``task.visible_test_commands`` in the workspace and read their reports."""
+    report_dir = f"/tmp/gyre-visible-{secrets.token_hex(6)}"
+    sandbox.exec(f"mkdir -p {report_dir}", timeout=30)
+    cases, problems, outputs = [], [], []
+    try:
+        for cmd in task.visible_grading_commands(report_dir):
+            result = sandbox.exec(
+                cmd.command, timeout=timeout_s, env={"PYTEST_ADDOPTS": PYTEST_ADDOPTS}
+            )
+            outputs.append(f"$ {cmd.command}\n{result.output}")
+            if result.timed_out:
+                problems.append(f"`{cmd.command}` timed out after {timeout_s:.0f}s")
+            if cmd.junit_path is None:
+                continue
+            raw = sandbox.exec(f"base64 -w0 {cmd.junit_path} 2>/dev/null", timeout=60)
+            if raw.exit_code != 0:
+                problems.append(f"`{cmd.command}` wrote no report (exit {result.exit_code})")
+                continue
+            try:
+                cases += parse_junit(base64.b64decode(raw.stdout))
+            except (JUnitError, ValueError) as e:
+                problems.append(f"`{cmd.command}` wrote an unreadable report: {e}")
+    finally:
+        sandbox.exec(f"rm -rf {report_dir}", timeout=30)
+    counts = TestCounts.of(select_cases(cases, task.visible_test_paths))
+    return VisibleRun(counts=counts, problems=problems, output="\n".join(outputs)[-8000:])
