@@ -186,14 +186,18 @@ class CliAgent:
             ctx.clock.reattribute("model", "tool", polled - exact)
 
     def _interim(self, ctx: EpisodeContext) -> None:
-        """The interim reward of the workspace now (a model-turn boundary)."""
+        """The interim reward of the workspace now (a model-turn boundary): the env's own
+        potential scorer and reward tracker, so the episode's return still equals its final
+        score in ``potential`` mode."""
         env = getattr(ctx.env, "unwrapped", ctx.env)
-        fn = getattr(env, "interim_step", None)
-        if fn is None:
-            return
-        with ctx.clock.phase("scoring"):
-            reward, info = fn()
-        ctx.record_external_step("model-turn", reward, info)
+        scorer, tracker = getattr(env, "scorer", None), getattr(env, "rewards", None)
+        if scorer is None or tracker is None:
+            return  # sparse rewards, or an env without a potential
+        potential = scorer.update()  # timed as scoring by EpisodeContext.instrument_scoring
+        reward = tracker.step(potential.phi)
+        ctx.record_external_step(
+            "model-turn", reward, {"reward": {"potential": potential.as_dict(), "value": reward}}
+        )
 
 
 class _ModelPhase:

@@ -88,6 +88,7 @@ class EpisodeContext:
         with self.clock.phase("scoring" if name == "submit" else "tool"):
             obs, reward, terminated, truncated, info = self.env.step(action)
         seconds = time.monotonic() - start
+        self.terminated, self.truncated = bool(terminated), bool(truncated)
         self._attribute_scoring(name, info)
         self.total_reward += float(reward)
         self.trace.append(
@@ -101,7 +102,6 @@ class EpisodeContext:
             )
         )
         self.last_info = info
-        self.terminated, self.truncated = bool(terminated), bool(truncated)
         return obs, float(reward), self.terminated, self.truncated, info
 
     def record_external_step(self, label: str, reward: float, info: dict) -> None:
@@ -121,16 +121,31 @@ class EpisodeContext:
         self.last_info = info
 
     def _attribute_scoring(self, tool: str, info: dict) -> None:
-        """Move the scoring time an env reports for a step out of ``tool`` (or the other way
-        for ``submit``, whose non-scoring part is tool work)."""
-        timings = info.get("timings") if isinstance(info, dict) else None
-        if not isinstance(timings, dict):
+        """A step that hit the env's limit graded the episode inside a tool call: count the
+        grading (``env.last_grading.duration_s``) as scoring."""
+        if tool == "submit" or not self.done:
             return
-        scoring = sum(
-            float(v) for k, v in timings.items() if "scor" in k or "grad" in k or "eval" in k
-        )
-        if tool != "submit" and scoring > 0:
-            self.clock.reattribute("tool", "scoring", scoring)
+        grading = getattr(getattr(self.env, "unwrapped", self.env), "last_grading", None)
+        seconds = float(getattr(grading, "duration_s", 0.0) or 0.0)
+        if seconds > 0:
+            self.clock.reattribute("tool", "scoring", seconds)
+
+    def instrument_scoring(self) -> None:
+        """Time the env's interim scorer as ``scoring`` (it runs inside tool steps). Wraps
+        the bound ``update`` of this episode's own scorer instance; nothing global."""
+        env = getattr(self.env, "unwrapped", self.env)
+        scorer = getattr(env, "scorer", None)
+        update = getattr(scorer, "update", None)
+        if update is None or getattr(update, "_gyre_timed", False):
+            return
+        clock = self.clock
+
+        def timed_update(*args, **kwargs):
+            with clock.phase("scoring"):
+                return update(*args, **kwargs)
+
+        timed_update._gyre_timed = True
+        scorer.update = timed_update
 
     def finish(self) -> None:
         """Grade the episode if the agent stopped without the env ending it: one ``submit``
@@ -146,15 +161,14 @@ class EpisodeContext:
 
 
 def _partial_score(info: dict) -> float | None:
-    if not isinstance(info, dict):
+    """The interim score Φ after a step (``info["reward"]["potential"]["phi"]``), or the
+    final score once graded."""
+    reward = info.get("reward") if isinstance(info, dict) else None
+    if not isinstance(reward, dict):
         return None
-    for key in ("partial_score", "potential", "score"):
-        value = info.get(key)
-        if isinstance(value, (int, float)):
-            return float(value)
-    rewards = info.get("rewards") or info.get("reward_breakdown")
-    if isinstance(rewards, dict):
-        for key in ("potential", "partial", "interim"):
-            if isinstance(rewards.get(key), (int, float)):
-                return float(rewards[key])
+    if isinstance(reward.get("final_score"), (int, float)):
+        return float(reward["final_score"])
+    potential = reward.get("potential")
+    if isinstance(potential, dict) and isinstance(potential.get("phi"), (int, float)):
+        return float(potential["phi"])
     return None

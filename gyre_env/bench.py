@@ -231,21 +231,20 @@ def _upstream_endpoints(cfg: BenchConfig):
 
 
 def episode_env_kwargs(cfg: BenchConfig, agent, service, tasks) -> dict:
-    """``gym.make`` kwargs: the user's, plus the proxy route and a Claude Code image for
-    CLI agents (their sandbox must reach the proxy)."""
+    """``gym.make`` kwargs: the user's, plus, for CLI agents, the proxy route into their
+    sandbox and (Claude Code) tasks whose image mounts the host's Claude Code."""
     kwargs = dict(cfg.env_kwargs)
     if service is None or not _is_cli(agent):
         return kwargs
-    from gyre_env.sandbox import SandboxConfig
+    import dataclasses
 
-    sandbox = kwargs.get("sandbox_config") or SandboxConfig()
-    if isinstance(sandbox, dict):
-        sandbox = SandboxConfig.from_dict(sandbox)
-    sandbox.proxy_socket = service.route_socket
-    sandbox.proxy_port = service.config.sandbox_port
+    sandbox = dict(kwargs.get("sandbox") or {})
+    sandbox["proxy_socket"] = service.route_socket
+    sandbox["proxy_port"] = service.config.sandbox_port
+    kwargs["sandbox"] = sandbox
     if agent.name == "claude-code":
         from gyre_env.agents.cli_tap import claude_code_image
 
-        sandbox.image = claude_code_image(base=tasks[0].image)
-    kwargs["sandbox_config"] = sandbox
+        images = {t.image: claude_code_image(base=t.image) for t in tasks}
+        kwargs["tasks"] = [dataclasses.replace(t, image=images[t.image]) for t in tasks]
     return kwargs

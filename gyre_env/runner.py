@@ -329,6 +329,7 @@ class Runner:
             endpoint=endpoint,
             deadline=time.monotonic() + limit,
         )
+        ctx.instrument_scoring()
         with self._active_lock:
             self._active[session] = (ctx, ctx.deadline + self.config.hard_kill_grace_s)
             if self._cancel.is_set():
@@ -403,14 +404,11 @@ class Runner:
 
 
 def final_score(info: dict, total_reward: float) -> float:
-    """The episode's final score from the terminal ``info`` (the return, if none is given)."""
-    for key in ("final_score", "score"):
-        value = info.get(key)
-        if isinstance(value, (int, float)):
-            return float(value)
-    rewards = info.get("rewards") or info.get("reward_breakdown") or {}
-    if isinstance(rewards, dict) and isinstance(rewards.get("final"), (int, float)):
-        return float(rewards["final"])
+    """The episode's final score from the terminal ``info`` (``info["reward"]["final_score"]``;
+    the return if the env gives none)."""
+    reward = info.get("reward")
+    if isinstance(reward, dict) and isinstance(reward.get("final_score"), (int, float)):
+        return float(reward["final_score"])
     return float(total_reward)
 
 
