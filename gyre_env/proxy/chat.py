@@ -102,12 +102,17 @@ def opt_object(body: dict, key: str) -> dict | None:
     return value
 
 
-def stop_list(value: object, key: str) -> list[str]:
+def stop_list(value: object, key: str, *, allow_string: bool = True) -> list[str]:
     if value is None:
         return []
-    if isinstance(value, str):
+    if isinstance(value, str) and allow_string:
         return [value]
-    expect(value, (list,), key, "a string or an array of strings")
+    expect(
+        value,
+        (list,),
+        key,
+        "a string or an array of strings" if allow_string else "an array of strings",
+    )
     for k, item in enumerate(value):
         expect(item, (str,), f"{key}[{k}]", "a string")
     return list(value)

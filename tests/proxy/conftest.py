@@ -18,7 +18,11 @@ BASH_TOOL = {
     "function": {
         "name": "bash",
         "description": "Run a shell command",
-        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"cmd": {"type": "string"}},
+            "required": ["cmd"],
+        },
     },
 }
 
@@ -62,7 +66,9 @@ def start_proxy(tok, tmp_path):
     def start(engines, **config) -> Started:
         path = tmp_path / f"records-{len(servers)}.jsonl"
         config.setdefault("verify_render", True)
-        server = ProxyServer(ProxyConfig(**config), engines=list(engines), tokenizer=tok, sink=JsonlSink(path))
+        server = ProxyServer(
+            ProxyConfig(**config), engines=list(engines), tokenizer=tok, sink=JsonlSink(path)
+        )
         servers.append(server.start())
         return Started(server, path)
 

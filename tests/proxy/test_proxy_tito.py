@@ -15,7 +15,11 @@ from gyre_env.proxy.scripted import ScriptedEngine
 
 def _byte_token_ids(tok, data: bytes) -> list[int]:
     """One token per byte (the byte-level alphabet), as a sampler may produce them."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -43,7 +47,9 @@ def _check_chain(records, prompts):
         assert cur.prompt_ids[: len(ids)] == ids
 
 
-def test_records_reproduce_sampled_ids_across_tools_utf8_and_stops(start_proxy, tok, enc, bash_tool):
+def test_records_reproduce_sampled_ids_across_tools_utf8_and_stops(
+    start_proxy, tok, enc, bash_tool
+):
     BASH_TOOL = bash_tool
     emoji = _byte_token_ids(tok, "😀".encode())
     assert emoji != enc("😀"), "the split must differ from the tokenizer's own"
@@ -59,7 +65,10 @@ def test_records_reproduce_sampled_ids_across_tools_utf8_and_stops(start_proxy, 
     r1 = _post(url, {"model": "m", "messages": msgs, "tools": [BASH_TOOL]})
     tc = r1["choices"][0]["message"]["tool_calls"][0]
     assert r1["choices"][0]["finish_reason"] == "tool_calls" and tc["function"]["name"] == "bash"
-    msgs += [r1["choices"][0]["message"], {"role": "tool", "tool_call_id": tc["id"], "content": "a.txt b.txt"}]
+    msgs += [
+        r1["choices"][0]["message"],
+        {"role": "tool", "tool_call_id": tc["id"], "content": "a.txt b.txt"},
+    ]
 
     r2 = _post(url, {"model": "m", "messages": msgs, "tools": [BASH_TOOL]})
     assert r2["choices"][0]["message"]["content"] == "I see 😀 files."
@@ -76,8 +85,11 @@ def test_records_reproduce_sampled_ids_across_tools_utf8_and_stops(start_proxy, 
     recs = proxy.records()
     assert len(recs) == 4
     _check_chain(recs, engine.prompts)
-    assert recs[0].prompt_ids == enc(tok.apply_chat_template(msgs[:2], tools=[BASH_TOOL], tokenize=False,
-                                                             add_generation_prompt=True))
+    assert recs[0].prompt_ids == enc(
+        tok.apply_chat_template(
+            msgs[:2], tools=[BASH_TOOL], tokenize=False, add_generation_prompt=True
+        )
+    )
     assert recs[0].output_ids == call and recs[1].output_ids == text and recs[3].output_ids == bye
     # the stop string ends generation at the token completing it; those sampled ids stay
     k = next(k for k in range(1, len(stopped) + 1) if "STOP" in tok.decode(stopped[:k]))
@@ -125,7 +137,10 @@ def test_real_model_records_chain_exactly(start_proxy, embedded, bash_tool):
     url = proxy.openai_base_url("real")
     msgs = [{"role": "user", "content": "héllo 世界, write code"}]
     for turn in range(3):
-        r = _post(url, {"model": "m", "messages": msgs, "max_tokens": 24, "seed": turn, "tools": [bash_tool]})
+        r = _post(
+            url,
+            {"model": "m", "messages": msgs, "max_tokens": 24, "seed": turn, "tools": [bash_tool]},
+        )
         msg = r["choices"][0]["message"]
         msgs += [msg, {"role": "user", "content": f"turn {turn} 🚀"}]
     recs = proxy.records()
