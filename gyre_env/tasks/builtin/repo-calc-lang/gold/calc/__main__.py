@@ -1,0 +1,3 @@
+from calc.cli import main
+
+raise SystemExit(main())
