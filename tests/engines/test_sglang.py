@@ -291,3 +291,30 @@ async def _post(url: str) -> None:
 
     async with httpx.AsyncClient() as client:
         (await client.post(url)).raise_for_status()
+
+
+def test_gpu_check_script_passes_against_the_fake(tmp_path, capsys):
+    """Keeps benchmarks/gpu/sglang_check.py working; on a GPU it runs against real SGLang."""
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu" / "sglang_check.py"
+    spec = importlib.util.spec_from_file_location("sglang_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fake = FakeServer(FakeState(incremental=True, token_delay_s=0.005))
+    try:
+        code = module.main(
+            ["--url", fake.url, "--model-path", str(tmp_path), "--pause-tokens", "300"]
+        )
+    finally:
+        fake.stop()
+    out = capsys.readouterr().out
+    for name in [
+        "generate_logprobs",
+        "stream",
+        "pause_continue",
+        "update_weights_from_disk",
+        "release_resume_memory",
+    ]:
+        assert f"PASS {name}" in out, out
+    assert "SKIP logprobs_vs_transformers" in out and code == 0

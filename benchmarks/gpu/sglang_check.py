@@ -1,0 +1,233 @@
+"""Check SGLangEngine against a REAL SGLang server on a GPU machine; prints PASS/FAIL per check.
+
+    # launch a server on the built-in tiny model (needs `pip install sglang` and a GPU)
+    python benchmarks/gpu/sglang_check.py
+    # or a model of your own, or attach to a running server
+    python benchmarks/gpu/sglang_check.py --model-path /models/Qwen2.5-0.5B-Instruct
+    python benchmarks/gpu/sglang_check.py --url http://127.0.0.1:30000 --model-path /models/X
+
+Checks: health and context length; generate with logprobs (greedy twice: same ids);
+logprobs against a transformers forward pass of the same folder (bf16 tolerance);
+streaming == non-streaming; pause (in place) holds a running stream and rejects new
+requests until continue; update_weights_from_disk moves the weight version (and, with
+the same folder, keeps greedy outputs); release/resume memory. Exit status 1 if any FAIL.
+The CI tests run the same client against a fake of the API (tests/engines/fake_sglang.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+import time
+import traceback
+
+from gyre_env.engines.base import EnginePausedError, SamplingParams
+from gyre_env.engines.sglang import SGLangEngine
+
+TINY_LAUNCH_ARGS = [
+    "--attention-backend",
+    "torch_native",
+    "--disable-cuda-graph",
+    "--mem-fraction-static",
+    "0.3",
+]
+"""The tiny model's 16-wide heads are outside the fused kernels' sizes; SDPA handles them."""
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.results: list[tuple[str, str, str]] = []
+
+    async def run(self, name: str, fn) -> None:
+        start = time.perf_counter()
+        try:
+            note = await fn()
+            status = "SKIP" if isinstance(note, str) and note.startswith("skip") else "PASS"
+        except Exception as e:  # noqa: BLE001 - every failure is reported, the rest still run
+            status, note = "FAIL", f"{type(e).__name__}: {e}"
+            traceback.print_exc(file=sys.stderr)
+        line = f"{status} {name} ({time.perf_counter() - start:.1f}s){': ' + note if note else ''}"
+        print(line, flush=True)
+        self.results.append((name, status, note or ""))
+
+    @property
+    def failed(self) -> bool:
+        return any(status == "FAIL" for _, status, _ in self.results)
+
+
+def _prompt(vocab: int, n: int = 48) -> list[int]:
+    return [(31 * i + 7) % vocab for i in range(n)]
+
+
+async def check_generate(engine: SGLangEngine, prompt: list[int]) -> str:
+    params = SamplingParams(max_new_tokens=32, temperature=0.0)
+    a = await engine.generate(prompt, params)
+    b = await engine.generate(prompt, params)
+    assert a.output_ids, "no tokens generated"
+    assert len(a.output_ids) == len(a.output_logprobs), "ids and logprobs differ in length"
+    assert all(math.isfinite(x) and x <= 1e-3 for x in a.output_logprobs), a.output_logprobs
+    assert a.output_ids == b.output_ids, "greedy decoding is not repeatable"
+    return f"{len(a.output_ids)} tokens, finish={a.finish_reason}, version={a.weight_version}"
+
+
+async def check_logprobs_vs_transformers(
+    engine: SGLangEngine, prompt: list[int], model_path: str | None
+) -> str:
+    if not model_path:
+        return "skip: no --model-path to load with transformers"
+    try:
+        import torch
+    except ImportError:
+        return "skip: torch not importable"
+    if not torch.cuda.is_available():
+        return "skip: no CUDA for the reference forward pass"
+    import transformers
+
+    result = await engine.generate(prompt, SamplingParams(max_new_tokens=16, temperature=0.0))
+    model = (
+        transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
+        .cuda()
+        .eval()
+    )
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + result.output_ids], device="cuda")).logits[0].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    ref = [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(result.output_ids)]
+    worst = max(abs(x - y) for x, y in zip(ref, result.output_logprobs, strict=True))
+    del model
+    torch.cuda.empty_cache()
+    assert worst < 0.1, f"max |logprob difference| {worst:.4f} (>= 0.1)"
+    return f"max |difference| {worst:.4f} over {len(ref)} tokens"
+
+
+async def check_stream(engine: SGLangEngine, prompt: list[int]) -> str:
+    params = SamplingParams(max_new_tokens=32, temperature=0.0)
+    chunks = [c async for c in engine.stream(prompt, params)]
+    whole = await engine.generate(prompt, params)
+    assert [i for c in chunks for i in c.ids] == whole.output_ids, "stream != non-stream ids"
+    assert chunks[-1].finish_reason == whole.finish_reason
+    return f"{len(chunks)} chunks"
+
+
+async def check_pause(engine: SGLangEngine, prompt: list[int], max_new_tokens: int) -> str:
+    received: list[int] = []
+    done = asyncio.Event()
+
+    async def consume() -> None:
+        async for chunk in engine.stream(
+            prompt, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=1)
+        ):
+            received.extend(chunk.ids)
+        done.set()
+
+    task = asyncio.create_task(consume())
+    while len(received) < 8 and not done.is_set():
+        await asyncio.sleep(0.01)
+    if done.is_set():
+        await task
+        return "skip: the stream ended before it could be paused"
+    await engine.pause()
+    try:
+        await asyncio.sleep(0.5)
+        held = len(received)
+        await asyncio.sleep(1.0)
+        assert len(received) == held, f"{len(received) - held} tokens arrived while paused"
+        try:
+            await engine.generate(prompt, SamplingParams(max_new_tokens=2))
+            raise AssertionError("a new request was accepted while paused")
+        except EnginePausedError:
+            pass
+    finally:
+        await engine.resume()
+    await asyncio.wait_for(task, timeout=300)
+    return f"held at {held} tokens, finished with {len(received)}"
+
+
+async def check_update_from_disk(
+    engine: SGLangEngine, prompt: list[int], model_path: str | None
+) -> str:
+    if not model_path:
+        return "skip: no --model-path to reload"
+    params = SamplingParams(max_new_tokens=16, temperature=0.0)
+    before = await engine.generate(prompt, params)
+    version = await engine.refresh_weight_version() + 1
+    await engine.update_weights(model_path, version)
+    assert await engine.refresh_weight_version() == version, "server weight version did not move"
+    after = await engine.generate(prompt, params)
+    assert after.weight_version == version, f"result carries version {after.weight_version}"
+    assert after.output_ids == before.output_ids, "same weights reloaded, different greedy output"
+    return f"version {version}"
+
+
+async def check_memory(engine: SGLangEngine, prompt: list[int]) -> str:
+    await engine.release_memory()
+    await engine.resume_memory()
+    result = await engine.generate(prompt, SamplingParams(max_new_tokens=8, temperature=0.0))
+    assert result.output_ids, "no tokens after resume_memory"
+    return ""
+
+
+async def run_checks(args: argparse.Namespace) -> bool:
+    model_path = args.model_path
+    launch_args = list(args.launch_args)
+    if args.url is None and model_path is None:
+        from gyre_env.engines.tiny import tiny_model_path
+
+        model_path = str(tiny_model_path())
+        launch_args = launch_args or TINY_LAUNCH_ARGS
+    engine = SGLangEngine(
+        url=args.url, model_path=model_path, port=args.port, launch_args=launch_args
+    )
+    checks = Checks()
+    try:
+        await checks.run("start_and_health", lambda: _start(engine))
+        if checks.failed:
+            return False
+        prompt = _prompt(args.vocab_size)
+        await checks.run("generate_logprobs", lambda: check_generate(engine, prompt))
+        await checks.run(
+            "logprobs_vs_transformers",
+            lambda: check_logprobs_vs_transformers(engine, prompt, model_path),
+        )
+        await checks.run("stream", lambda: check_stream(engine, prompt))
+        await checks.run("pause_continue", lambda: check_pause(engine, prompt, args.pause_tokens))
+        await checks.run(
+            "update_weights_from_disk", lambda: check_update_from_disk(engine, prompt, model_path)
+        )
+        await checks.run("release_resume_memory", lambda: check_memory(engine, prompt))
+    finally:
+        engine.close()
+    return not checks.failed
+
+
+async def _start(engine: SGLangEngine) -> str:
+    await engine.start()
+    health = await engine.health()
+    assert health["alive"], health
+    return f"context {engine.context_length}, weight version {engine.weight_version}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default=None, help="attach to this server instead of launching")
+    parser.add_argument("--model-path", default=None, help="model folder (default: the tiny model)")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument(
+        "--vocab-size", type=int, default=1000, help="prompt ids are drawn below this"
+    )
+    parser.add_argument(
+        "--pause-tokens", type=int, default=2000, help="length of the paused stream"
+    )
+    parser.add_argument(
+        "--launch-args", nargs=argparse.REMAINDER, default=[], help="extra server flags (last)"
+    )
+    args = parser.parse_args(argv)
+    ok = asyncio.run(run_checks(args))
+    print("ALL PASSED" if ok else "SOME CHECKS FAILED", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
