@@ -2,12 +2,14 @@
 
 ``torch.nn.attention.flex_attention`` takes the tree's ``BlockMask`` but, in torch 2.13,
 refuses ``requires_grad`` inputs on CPU ("FlexAttention does not support backward on
-CPU"); the math fallback would also materialise every score. This kernel walks the same
-block structure (``PackedTree.block_structure``): each query block gathers only the key
-blocks its tokens' ancestors live in, masks the partial ones with the ancestor rule
-``k <= q < subtree_end[k]``, and keeps only ``out`` and the log-sum-exp for backward,
-where scores are recomputed block by block. Memory is O(n * head_dim), never O(n^2);
-work is proportional to the (query, ancestor) pairs plus block-boundary waste.
+CPU"), and its eager fallback materialises every score. This kernel follows the tree
+instead of a fixed block grid: query blocks are runs of at most ``block_size`` tokens
+that lie on one chain (no branch starts inside), so all their tokens share the same
+ancestors; each block gathers exactly those ancestor ranges plus itself, masks only
+the causal part of its own diagonal, and keeps just ``out`` and the log-sum-exp for
+backward, where scores are recomputed block by block. Memory is O(n * head_dim), never
+O(n^2); the work is the (query, ancestor) pairs plus half a block per query block, the
+same for a tree and for flat sequences, so comparisons between the two are fair.
 
 On a GPU use ``flex_attention`` with ``PackedTree.block_mask()`` instead (compiled).
 """
@@ -29,46 +31,59 @@ class _QueryBlock:
     """[L] key token indices to gather, or None when they are one contiguous range."""
     kv_lo: int
     kv_hi: int
-    kv_end: torch.Tensor
-    """[L] subtree_end of those keys (for the ancestor mask)."""
     kv_pos: torch.Tensor
-    """[L] their token indices (for the ancestor mask)."""
+    """[L] their token indices (for the causal mask of the diagonal)."""
 
 
 class TreeBlockLayout:
-    """Per query block, the keys it may attend to. Build once per packed batch."""
+    """Per query block, the keys it may attend to. Build once per packed batch.
 
-    def __init__(self, subtree_end: np.ndarray, block_size: int = 128):
-        from gyre_env.trajectory.packing import block_structure
+    ``parent_index`` is ``PackedTree.parent_index``: the token before each token on its
+    path, -1 at a root.
+    """
 
-        end = np.asarray(subtree_end, dtype=np.int64)
-        n = len(end)
-        nonempty, _ = block_structure(end, block_size)
+    def __init__(self, parent_index: np.ndarray, block_size: int = 128):
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        parent = np.asarray(parent_index, dtype=np.int64)
+        n = len(parent)
+        if n == 0:
+            raise ValueError("empty packed sequence")
+        if np.any(parent >= np.arange(n)):
+            raise ValueError("parent_index must point to earlier tokens (depth-first layout)")
+        starts = np.flatnonzero(parent != np.arange(n) - 1)  # tokens that begin a chain run
+        seg_start = np.maximum.accumulate(np.where(parent != np.arange(n) - 1, np.arange(n), 0))
+        cuts = sorted(set(starts.tolist()) | set(range(0, n, block_size)))
+        bounds = []
+        for a, b in zip(cuts, cuts[1:] + [n], strict=True):  # split long runs at block_size
+            bounds += [(x, min(x + block_size, b)) for x in range(a, b, block_size)]
         self.n, self.block_size = n, block_size
-        self.blocks: list[_QueryBlock] = []
-        end_t = torch.as_tensor(end)
-        for qb in range(nonempty.shape[0]):
-            kbs = np.flatnonzero(nonempty[qb])
-            idx = np.concatenate(
-                [np.arange(k * block_size, min((k + 1) * block_size, n)) for k in kbs]
-            )
-            contiguous = idx[-1] - idx[0] + 1 == len(idx)
-            idx_t = torch.as_tensor(idx)
-            self.blocks.append(
-                _QueryBlock(
-                    lo=qb * block_size,
-                    hi=min((qb + 1) * block_size, n),
-                    kv=None if contiguous else idx_t,
-                    kv_lo=int(idx[0]),
-                    kv_hi=int(idx[-1]) + 1,
-                    kv_end=end_t[idx_t],
-                    kv_pos=idx_t,
-                )
-            )
+        self.blocks = [self._block(lo, hi, parent, seg_start) for lo, hi in bounds]
+
+    @staticmethod
+    def _block(lo: int, hi: int, parent: np.ndarray, seg_start: np.ndarray) -> _QueryBlock:
+        ranges = [(int(seg_start[lo]), hi)]
+        i = parent[seg_start[lo]]
+        while i >= 0:
+            s = int(seg_start[i])
+            ranges.append((s, int(i) + 1))
+            i = parent[s]
+        ranges.reverse()
+        idx = np.concatenate([np.arange(a, b) for a, b in ranges])
+        contiguous = idx[-1] - idx[0] + 1 == len(idx)
+        idx_t = torch.as_tensor(idx)
+        return _QueryBlock(
+            lo=lo,
+            hi=hi,
+            kv=None if contiguous else idx_t,
+            kv_lo=int(idx[0]),
+            kv_hi=int(idx[-1]) + 1,
+            kv_pos=idx_t,
+        )
 
     @property
     def pairs(self) -> int:
-        """(query, key) score pairs the kernel computes (work, including block waste)."""
+        """(query, key) score pairs the kernel computes (work, including diagonal waste)."""
         return sum((b.hi - b.lo) * len(b.kv_pos) for b in self.blocks)
 
 
@@ -85,9 +100,10 @@ def _scatter_add(x: torch.Tensor, blk: _QueryBlock, val: torch.Tensor) -> None:
 
 def _probs(q_blk, k_blk, blk: _QueryBlock, scale: float, lse=None):
     s = torch.matmul(q_blk, k_blk.transpose(-1, -2)) * scale  # [H, Bq, L]
+    # every gathered key before ``lo`` is an ancestor of the whole block; inside the
+    # block (one chain) the mask is causal
     qpos = torch.arange(blk.lo, blk.hi)[:, None]
-    allowed = (blk.kv_pos[None, :] <= qpos) & (qpos < blk.kv_end[None, :])  # [Bq, L]
-    s = s.masked_fill(~allowed, float("-inf"))
+    s = s.masked_fill(blk.kv_pos[None, :] > qpos, float("-inf"))  # [H, Bq, L]
     if lse is None:
         lse = torch.logsumexp(s, dim=-1)  # [H, Bq]
     return torch.exp(s - lse[..., None]), lse

@@ -107,7 +107,7 @@ def test_tree_logprobs_equal_each_path_alone(case):
         assert len(ref) == len(keys) == tree.num_loss_tokens
         for name, attn in [
             ("dense", tree.dense_mask()),
-            ("block-sparse", TreeBlockLayout(tree.subtree_end, block_size=16)),
+            ("block-sparse", TreeBlockLayout(tree.parent_index, block_size=16)),
             ("flex", tree.block_mask(block_size=128)),
         ]:
             got = packed_logprobs(model, batch, attn)
@@ -135,8 +135,8 @@ def test_tree_loss_gradient_equals_flat_per_path_gradient(case):
         loss.backward()
         return loss.item(), [p.grad.clone() for p in model.parameters()]
 
-    loss_flat, g_flat = grads(flat, TreeBlockLayout(flat.subtree_end, 16))
-    for attn in (tree.dense_mask(), TreeBlockLayout(tree.subtree_end, 16)):
+    loss_flat, g_flat = grads(flat, TreeBlockLayout(flat.parent_index, 16))
+    for attn in (tree.dense_mask(), TreeBlockLayout(tree.parent_index, 16)):
         loss_tree, g_tree = grads(tree, attn)
         assert loss_tree == pytest.approx(loss_flat, abs=1e-6)
         worst = max((a - b).abs().max().item() for a, b in zip(g_tree, g_flat, strict=True))
@@ -152,7 +152,7 @@ def test_block_sparse_kernel_matches_dense_attention_forward_and_backward():
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=p.dense_mask())
     ref_grads = torch.autograd.grad(ref, (q, k, v), dout)
     for bs in (7, 32, 128):
-        out = tree_attention(q, k, v, TreeBlockLayout(p.subtree_end, bs))
+        out = tree_attention(q, k, v, TreeBlockLayout(p.parent_index, bs))
         assert (out - ref).abs().max().item() <= TOL
         for a, b in zip(torch.autograd.grad(out, (q, k, v), dout), ref_grads, strict=True):
             assert (a - b).abs().max().item() <= TOL

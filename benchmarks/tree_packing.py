@@ -1,0 +1,262 @@
+"""Tree packing vs flat sequences: tokens computed, fwd+bwd time and peak memory.
+
+"Flat" is what systems without tree training do: every root-to-leaf path (each branch,
+each group member) is its own sequence carrying its full prefix. Both layouts go through
+the same tiny transformer (``gyre_env.trainers.tree_model``), the same block-sparse CPU
+attention kernel and the same loss, so the ratios isolate what sharing saves.
+
+Scenarios: synthetic groups sweeping the sharing (0, 25, 50, 75 % of flat tokens that the
+tree does not need), an NL2Repo-shaped group (a ~6k-token spec shared by a group of 8,
+sub-agent branches starting from the main context halfway through), and, with
+``--records``, trees built from real TITO records (a proxy ``JsonlSink`` file).
+
+Each (scenario, layout) is measured in a fresh subprocess: peak memory is the RSS
+high-water mark of the fwd+bwd step above the RSS just before it (the peak is reset via
+``/proc/self/clear_refs``), which sees torch's allocations that tracemalloc would not.
+The flat run also recomputes the tree's logprobs and reports the largest difference.
+
+    python benchmarks/tree_packing.py                 # all synthetic scenarios
+    python benchmarks/tree_packing.py --records calls.jsonl --episodes episodes.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+SCENARIOS = ("share0", "share25", "share50", "share75", "nl2repo")
+
+
+def _units(args, name: str):
+    from gyre_env.trajectory.sampling import SampleConfig, bounded_samples
+    from gyre_env.trajectory.synthetic import nl2repo_group, sharing_group
+    from gyre_env.trajectory.tree import build_trees, trees_from_jsonl
+
+    if name == "records":
+        trees = trees_from_jsonl(args.records, args.episodes)
+    elif name == "nl2repo":
+        trees = build_trees(
+            *nl2repo_group(
+                spec_len=args.spec_len,
+                group_size=8,
+                main_tokens=args.main_tokens,
+                sub_tokens=args.sub_tokens,
+                turns=8,
+                vocab=args.vocab,
+            )
+        )
+    else:
+        sharing = int(name.removeprefix("share")) / 100
+        trees = build_trees(
+            *sharing_group(sharing, group_size=8, path_len=args.path_len, vocab=args.vocab)
+        )
+    units, _ = bounded_samples(trees, SampleConfig(token_budget=args.budget))
+    return trees, units
+
+
+def _model(args, vocab: int):
+    import torch
+    from gyre_env.trainers.tree_model import TreeModelConfig, TreeTransformer
+
+    torch.manual_seed(0)
+    return TreeTransformer(
+        TreeModelConfig(
+            vocab_size=vocab,
+            d_model=args.d_model,
+            n_layers=args.layers,
+            n_heads=args.heads,
+            d_ff=3 * args.d_model,
+        )
+    )
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _step(model, packed, layouts, norm) -> tuple[float, float]:
+    """One fwd+bwd over the packed units: (wall seconds, process CPU seconds)."""
+    from gyre_env.trainers.tree_model import packed_logprobs, tree_policy_loss
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    for p, layout in zip(packed, layouts, strict=True):
+        batch = p.tensors()
+        loss = tree_policy_loss(packed_logprobs(model, batch, layout), batch, normalizer=norm)
+        loss.backward()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def measure(args) -> dict:
+    """Run in a fresh process: one scenario, one layout."""
+    import torch
+    from gyre_env.trainers.tree_attention import TreeBlockLayout
+
+    from gyre_env.trajectory.packing import pack
+
+    torch.set_num_threads(args.threads)
+    trees, units = _units(args, args.measure)
+    flat = args.layout == "flat"
+    packed = [pack(u, flat=flat) for u in units]
+    vocab = max(args.vocab, 1 + max(int(p.input_ids.max()) for p in packed))
+    model = _model(args, vocab)
+    layouts = [TreeBlockLayout(p.parent_index, args.block_size) for p in packed]
+    norm = float(sum(p.num_loss_tokens for p in packed))
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)  # gradient buffers exist in both layouts before the step
+    before = _rss_kib("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # reset the RSS high-water mark
+        peak_field = "VmHWM"
+    except OSError:
+        peak_field = "maxrss"
+    first = _step(model, packed, layouts, norm)
+    peak = _rss_kib(peak_field) - before
+    # best of the steps: on a shared machine other processes only ever add time
+    times = [first] + [_step(model, packed, layouts, norm) for _ in range(args.repeats)]
+    out = {
+        "tokens": int(sum(len(p) for p in packed)),
+        "loss_tokens": int(norm),
+        "pairs": int(sum(layout.pairs for layout in layouts)),
+        "time_s": min(t[0] for t in times),
+        "cpu_s": min(t[1] for t in times),
+        "peak_mib": peak / 1024,
+        "units": len(units),
+        "sharing": sum(t.flat_tokens - t.num_tokens for t in trees)
+        / max(1, sum(t.flat_tokens for t in trees)),
+    }
+    if flat and not args.no_exactness:
+        out["max_abs_diff"] = _exactness(model, units, args)
+    return out
+
+
+def _exactness(model, units, args) -> float:
+    """Largest |tree - flat| logprob over every loss token (same key: tree, node, depth)."""
+    import numpy as np
+    import torch
+    from gyre_env.trainers.tree_attention import TreeBlockLayout
+    from gyre_env.trainers.tree_model import packed_logprobs
+
+    from gyre_env.trajectory.packing import pack
+
+    worst = 0.0
+    with torch.no_grad():
+        for unit in units:
+            lp = {}
+            for flat in (False, True):
+                p = pack(unit, flat=flat)
+                vals = packed_logprobs(
+                    model, p.tensors(), TreeBlockLayout(p.parent_index, args.block_size)
+                )
+                idx = np.flatnonzero(p.loss_mask)
+                keys = zip(p.tree_index[idx], p.node_ids[idx], p.position_ids[idx], strict=True)
+                lp[flat] = dict(zip(keys, vals.tolist(), strict=True))
+            worst = max([worst] + [abs(lp[False][k] - v) for k, v in lp[True].items()])
+    return worst
+
+
+def _run_child(args, name: str, layout: str) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--measure", name, "--layout", layout]
+    for key in ("records", "episodes"):
+        if getattr(args, key):
+            cmd += [f"--{key}", getattr(args, key)]
+    for key in (
+        "budget",
+        "d_model",
+        "layers",
+        "heads",
+        "vocab",
+        "block_size",
+        "repeats",
+        "path_len",
+        "spec_len",
+        "main_tokens",
+        "sub_tokens",
+        "threads",
+    ):
+        cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+    if args.no_exactness:
+        cmd.append("--no-exactness")
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{name}/{layout} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.measure:
+        print(json.dumps(measure(args)))
+        return 0
+    names = list(args.scenarios) + (["records"] if args.records else [])
+    print(
+        f"tiny model d={args.d_model} layers={args.layers} heads={args.heads}; "
+        f"block {args.block_size}; threads {args.threads}; best of {args.repeats + 1} steps\n"
+        "cpu: process CPU seconds of one fwd+bwd; wall x: wall-clock ratio; "
+        "MiB: RSS high-water of the step above the RSS before it"
+    )
+    head = (
+        f"{'scenario':<10}{'sharing':>8}{'flat tok':>10}{'tree tok':>10}{'tok x':>7}"
+        f"{'flat cpu':>9}{'tree cpu':>9}{'cpu x':>7}{'wall x':>7}{'flat MiB':>10}{'tree MiB':>10}"
+        f"{'mem x':>7}{'max|dlp|':>10}"
+    )
+    print(head)
+    results = {}
+    for name in names:
+        flat = _run_child(args, name, "flat")
+        tree = _run_child(args, name, "tree")
+        results[name] = {"flat": flat, "tree": tree}
+        print(
+            f"{name:<10}{tree['sharing']:>8.1%}{flat['tokens']:>10}{tree['tokens']:>10}"
+            f"{tree['tokens'] / flat['tokens']:>7.2f}{flat['cpu_s']:>9.2f}{tree['cpu_s']:>9.2f}"
+            f"{tree['cpu_s'] / flat['cpu_s']:>7.2f}{tree['time_s'] / flat['time_s']:>7.2f}"
+            f"{flat['peak_mib']:>10.0f}{tree['peak_mib']:>10.0f}"
+            f"{tree['peak_mib'] / flat['peak_mib']:>7.2f}{flat.get('max_abs_diff', float('nan')):>10.1e}",
+            flush=True,
+        )
+    if args.json_out:
+        with open(args.json_out, "w") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scenarios", nargs="*", default=list(SCENARIOS), choices=SCENARIOS)
+    p.add_argument("--records", help="proxy JsonlSink file of CallRecords (real runs)")
+    p.add_argument("--episodes", help="JSONL of EpisodeInfo for those records (groups, rewards)")
+    p.add_argument("--budget", type=int, default=1 << 20, help="token budget per training unit")
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=2, help="extra timed steps after the first")
+    p.add_argument("--path-len", type=int, default=2048, help="path length of sharing scenarios")
+    p.add_argument("--spec-len", type=int, default=6000)
+    p.add_argument("--main-tokens", type=int, default=2000)
+    p.add_argument("--sub-tokens", type=int, default=1000)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1 keeps CPU time meaningful on a shared machine)",
+    )
+    p.add_argument("--no-exactness", action="store_true", help="skip the logprob comparison")
+    p.add_argument("--json-out", help="also write the raw figures here")
+    p.add_argument("--measure", help=argparse.SUPPRESS)
+    p.add_argument("--layout", choices=("tree", "flat"), help=argparse.SUPPRESS)
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main())
