@@ -7,9 +7,11 @@
 - ``dockerfile``: ``docker build`` of the shipped ``Dockerfile`` on ``python:3.11-slim``.
   Needs a reachable registry.
 - ``debootstrap``: a Debian bookworm root filesystem made locally with ``debootstrap`` from
-  the host's apt mirror, imported with the Docker API (``docker import``), then the same
-  ``Dockerfile`` is built on top of it. Needs root, ``debootstrap`` and PyPI, no registry.
-  Self-contained and portable (``docker save`` it anywhere). About a minute.
+  the host's apt mirror; the Dockerfile's setup script runs in it under ``chroot`` and
+  installs wheels the host's own pip downloaded (so the host's index, proxy and CA settings
+  apply and the chroot needs no network); the result is imported as one layer (``docker
+  import``) with the Dockerfile's ENV/WORKDIR/CMD. Needs root, ``debootstrap``, a Debian
+  mirror and a package index; no registry. Self-contained and portable. 75-95 s here.
 - ``host-usr``: a tiny root filesystem (``/etc``, ``/tmp``, ``/workspace``) that runs with the
   host's ``/usr`` (and the host Python's prefix, if outside ``/usr``) bind-mounted read-only.
   Builds in under a second, but the sandbox sees the host's toolchain (whatever is
@@ -32,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -40,26 +41,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gyre_env._optional import require
-from gyre_env.sandbox import hostusr
+from gyre_env.sandbox import debian, hostusr
 
 DEFAULT_TAG = "gyre-base:latest"
 METHODS = ("auto", "dockerfile", "debootstrap", "host-usr")
 LABEL_METHOD = "gyre.image.method"
 LABEL_RECIPE = "gyre.image.recipe"
 LABEL_HOST_MOUNTS = "gyre.host_mounts"
-DEBIAN_SUITE = "bookworm"
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
-DEBIAN_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 RECIPE_VERSION = "1"  # bump when this module changes what goes into an image
 DOCKERFILE = Path(__file__).with_name("Dockerfile")
 SETUP_SCRIPT = Path(__file__).with_name("gyre-image-setup.sh")
-DEBIAN_PYTHON = "3.11"  # the python3 of DEBIAN_SUITE, for which wheels are fetched
-_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Left out of the imported rootfs: Docker provides /dev, /proc, /sys; apt caches are dead weight.
 _ROOTFS_EXCLUDES = (
     "./dev/*",
@@ -144,7 +140,7 @@ def build_base_image(
     if method == "host-usr":
         _build_host_usr(client, staging, labels, progress)
     elif method == "debootstrap":
-        mirror = mirror or debian_mirror()
+        mirror = mirror or debian.debian_mirror()
         _build_debootstrap(client, staging, labels, extra, mirror, pip_index_url, progress)
     else:
         _docker_build(client, staging, labels, extra, pip_index_url, progress)
@@ -177,7 +173,7 @@ def choose_method(client, progress: Progress = print) -> str:
         progress(f"no registry for {base} ({_first_line(e)}): building offline with debootstrap")
     finally:
         probe.close()
-    problem = _debootstrap_problem()
+    problem = debian.problem()
     if problem:
         raise ImageBuildError(
             f"no registry is reachable and debootstrap cannot run here: {problem}. "
@@ -199,7 +195,7 @@ def recipe_hash(method: str, extra_requirements: Sequence[str] = ()) -> str:
     else:
         parts += [DOCKERFILE.read_text(), SETUP_SCRIPT.read_text()]
     if method == "debootstrap":
-        parts.append(DEBIAN_SUITE)
+        parts.append(debian.SUITE)
     for part in parts:
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
@@ -231,65 +227,20 @@ def smoke_check(tag: str) -> str:
     if labels is None:
         raise ImageBuildError(f"no image {tag}; build it with `gyre images build`")
     volumes = {h: {"bind": c, "mode": "ro"} for h, c in host_mounts_from_labels(labels)}
+    container = client.containers.create(
+        tag, ["bash", "-c", _SMOKE_CHECK], network_mode="none", volumes=volumes
+    )
     try:
-        out = client.containers.run(
-            tag,
-            ["bash", "-c", _SMOKE_CHECK],
-            network_mode="none",
-            volumes=volumes,
-            remove=True,
-            stderr=True,
-        )
+        container.start()
+        status = container.wait(timeout=300).get("StatusCode")
+        out = container.logs(stdout=True, stderr=True).decode(errors="replace")
     except Exception as e:
-        raise ImageBuildError(f"image {tag} lacks a tool Gyre needs: {e}") from e
-    return out.decode(errors="replace")
-
-
-def debian_mirror(
-    sources: Sequence[str] = ("/etc/apt/sources.list", "/etc/apt/sources.list.d"),
-) -> str:
-    """The first apt source on this host that serves Debian ``bookworm``, else deb.debian.org.
-
-    Reads both one-line (``deb URI suite ...``) and deb822 (``URIs:``/``Suites:``) files.
-    """
-    for path in _source_files(sources):
-        try:
-            text = Path(path).read_text()
-        except OSError:
-            continue
-        for uris, suites in _parse_sources(text, path.endswith(".sources")):
-            if DEBIAN_SUITE in suites and uris:
-                return uris[0].rstrip("/")
-    return DEFAULT_MIRROR
-
-
-def _source_files(sources: Sequence[str]) -> Iterator[str]:
-    for src in sources:
-        if os.path.isdir(src):
-            yield from (
-                os.path.join(src, n)
-                for n in sorted(os.listdir(src))
-                if n.endswith((".list", ".sources"))
-            )
-        elif os.path.isfile(src):
-            yield src
-
-
-def _parse_sources(text: str, deb822: bool) -> Iterator[tuple[list[str], list[str]]]:
-    if deb822:
-        for stanza in re.split(r"\n\s*\n", text):
-            fields = {}
-            for line in stanza.splitlines():
-                if ":" in line and not line.lstrip().startswith("#"):
-                    key, _, value = line.partition(":")
-                    fields[key.strip().lower()] = value.split()
-            if "deb" in fields.get("types", []) and fields.get("enabled", ["yes"]) != ["no"]:
-                yield fields.get("uris", []), fields.get("suites", [])
-        return
-    for line in text.splitlines():
-        words = re.sub(r"\[[^\]]*\]", " ", line.split("#")[0]).split()
-        if len(words) >= 3 and words[0] == "deb":
-            yield [words[1]], [words[2]]
+        raise ImageBuildError(f"image {tag} lacks a tool Gyre needs (bash?): {e}") from e
+    finally:
+        container.remove(force=True)
+    if status != 0 or "gyre-image-ok" not in out:
+        raise ImageBuildError(f"image {tag} lacks a tool Gyre needs (exit {status}): {out[-2000:]}")
+    return out
 
 
 def _dockerfile_args() -> dict[str, str]:
@@ -313,97 +264,31 @@ def _check_requirements(reqs: Sequence[str]) -> list[str]:
     return out
 
 
-def _debootstrap_problem() -> str | None:
-    if shutil.which("debootstrap") is None:
-        return "debootstrap is not installed (apt-get install debootstrap debian-archive-keyring)"
-    if os.geteuid() != 0:
-        return "debootstrap needs root (it chroots and creates device files)"
-    if not os.path.exists(DEBIAN_KEYRING):
-        return f"{DEBIAN_KEYRING} is missing (apt-get install debian-archive-keyring)"
-    return None
-
-
 def _build_debootstrap(client, tag, labels, extra, mirror, pip_index_url, progress) -> None:
     """debootstrap a rootfs, run the setup script in it (chroot, no network: pip installs
     from wheels the host downloaded with its own pip config), import it as one layer."""
-    problem = _debootstrap_problem()
+    problem = debian.problem()
     if problem:
         raise ImageBuildError(f"cannot build the offline image: {problem}")
     args = _dockerfile_args()
     work = tempfile.mkdtemp(prefix="gyre-rootfs-", dir=os.environ.get("GYRE_BUILD_DIR"))
     rootfs = os.path.join(work, "rootfs")
     try:
-        _run_debootstrap(rootfs, mirror, args["GYRE_APT_PACKAGES"].split(), progress)
+        debian.run_debootstrap(rootfs, mirror, args["GYRE_APT_PACKAGES"].split(), progress)
+        wheels = os.path.join(rootfs, "tmp", "gyre-wheels")
         reqs = args["GYRE_PIP_REQUIREMENTS"].split() + extra
-        _download_wheels(os.path.join(rootfs, "tmp", "gyre-wheels"), reqs, pip_index_url, progress)
-        shutil.copy(SETUP_SCRIPT, os.path.join(rootfs, "tmp", SETUP_SCRIPT.name))
-        env = {
-            "PATH": _DEFAULT_PATH,
-            "HOME": "/root",
-            "LANG": "C.UTF-8",
-            "GYRE_WHEELS": "/tmp/gyre-wheels",
-            "GYRE_EXTRA_PIP": " ".join(extra),
-        }
-        env.update({k: args[k] for k in ("GYRE_APT_PACKAGES", "GYRE_PIP_REQUIREMENTS")})
-        cmd = [
-            "chroot",
-            rootfs,
-            "/usr/bin/env",
-            "-i",
-            *(f"{k}={v}" for k, v in env.items()),
-            "sh",
-            f"/tmp/{SETUP_SCRIPT.name}",
-        ]
-        progress(f"  chroot {rootfs} sh /tmp/{SETUP_SCRIPT.name} (no network)")
-        _stream(cmd, lambda line: progress(f"  setup: {line}"), "the setup script in the chroot")
-        changes = [f"ENV PATH={_DEFAULT_PATH}", *_dockerfile_runtime_changes()]
+        debian.download_wheels(wheels, reqs, pip_index_url, progress)
+        env = {k: args[k] for k in ("GYRE_APT_PACKAGES", "GYRE_PIP_REQUIREMENTS")}
+        env.update(GYRE_WHEELS="/tmp/gyre-wheels", GYRE_EXTRA_PIP=" ".join(extra))
+        debian.run_setup(rootfs, SETUP_SCRIPT, env, progress)
+        changes = [f"ENV PATH={debian.DEFAULT_PATH}", *_dockerfile_runtime_changes()]
         changes += [f"LABEL {k}={json.dumps(v)}" for k, v in labels.items()]
         progress(f"  importing {rootfs} as {tag}")
         _import_dir(client, rootfs, tag, changes)
+    except debian.RootfsError as e:
+        raise ImageBuildError(str(e)) from e
     finally:
-        _remove_tree(work)
-
-
-def _download_wheels(dest: str, reqs: list[str], index_url: str | None, progress) -> None:
-    """Wheels for the image's Python (Debian's 3.11), fetched by the host's pip, so the
-    host's index, proxy and certificate settings apply and the chroot needs no network."""
-    machine = platform.machine()
-    plats = [f"manylinux_2_{v}_{machine}" for v in range(36, 4, -1)]
-    plats += [f"manylinux2014_{machine}", f"manylinux2010_{machine}", f"manylinux1_{machine}"]
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--quiet",
-        "--only-binary=:all:",
-        "--dest",
-        dest,
-        "--python-version",
-        DEBIAN_PYTHON,
-        "--implementation",
-        "cp",
-        "--abi",
-        f"cp{DEBIAN_PYTHON.replace('.', '')}",
-    ]
-    cmd += [f for plat in plats for f in ("--platform", plat)]
-    cmd += ["--index-url", index_url] if index_url else []
-    progress(f"  pip download (host pip config) {' '.join(reqs)}")
-    _stream(cmd + reqs, lambda line: progress(f"  pip: {line}"), "pip download")
-    progress(f"  {len(os.listdir(dest))} wheels in {dest}")
-
-
-def _stream(cmd: list[str], emit: Callable[[str], None], what: str) -> None:
-    """Run ``cmd``, passing its output lines to ``emit``; raise naming ``what`` on failure."""
-    tail: list[str] = []
-    with subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-    ) as proc:
-        for line in proc.stdout:
-            tail = (tail + [line.rstrip()])[-30:]
-            emit(line.rstrip())
-    if proc.returncode != 0:
-        raise ImageBuildError(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+        debian.remove_tree(work)
 
 
 def _dockerfile_runtime_changes() -> list[str]:
@@ -412,39 +297,6 @@ def _dockerfile_runtime_changes() -> list[str]:
     text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
     keep = ("ENV ", "WORKDIR ", "USER ", "CMD ")
     return [line.strip() for line in text.splitlines() if line.strip().startswith(keep)]
-
-
-def _run_debootstrap(rootfs: str, mirror: str, packages: list[str], progress: Progress) -> None:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gyre" / "debs"
-    cache.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        "debootstrap",
-        "--variant=minbase",
-        f"--include={','.join(packages)}",
-        f"--keyring={DEBIAN_KEYRING}",
-        f"--cache-dir={cache}",
-        DEBIAN_SUITE,
-        rootfs,
-        mirror,
-    ]
-    progress(f"$ {shlex.join(cmd)}")
-    start = time.monotonic()
-    seen: set[str] = set()
-    shown = [0.0]
-
-    def emit(line: str) -> None:
-        # The first line of each phase (Retrieving, Extracting, ...) and one every 10 s,
-        # rather than one line per package.
-        words = line.split()
-        phase = words[1] if line.startswith("I: ") and len(words) > 1 else line
-        now = time.monotonic() - start
-        if phase not in seen or now - shown[0] > 10:
-            seen.add(phase)
-            shown[0] = now
-            progress(f"  [{now:5.1f} s] debootstrap {line}")
-
-    _stream(cmd, emit, f"debootstrap from {mirror} (log: {rootfs}/debootstrap/debootstrap.log)")
-    progress(f"  debootstrap done in {time.monotonic() - start:.1f} s")
 
 
 def _import_dir(client, rootfs: str, ref: str, changes: list[str]) -> None:
@@ -520,22 +372,6 @@ def _build_host_usr(client, tag: str, labels: dict, progress: Progress) -> None:
     changes += [f"LABEL {k}={json.dumps(v)}" for k, v in labels.items()]
     repo, name = _split_ref(tag)
     client.api.import_image(src=hostusr.rootfs_tar(), repository=repo, tag=name, changes=changes)
-
-
-def _remove_tree(path: str) -> None:
-    """Remove a build folder, first unmounting anything a failed debootstrap left mounted."""
-    real = os.path.realpath(path)
-    with open("/proc/mounts") as f:
-        mounted = [ln.split()[1] for ln in f if ln.split()[1].startswith(real + "/")]
-    for point in sorted(mounted, reverse=True):
-        subprocess.run(["umount", "-l", point], check=False)
-    with open("/proc/mounts") as f:
-        if any(ln.split()[1].startswith(real + "/") for ln in f):
-            print(
-                f"gyre: left {path} in place: something is still mounted under it", file=sys.stderr
-            )
-            return
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _client():
@@ -640,7 +476,7 @@ def _cmd_build(args) -> int:
             mirror=args.mirror,
             pip_index_url=args.pip_index_url,
         )
-    except (ImageBuildError, ValueError) as e:
+    except (ImageBuildError, ValueError, ImportError) as e:
         print(f"gyre images build: {e}", file=sys.stderr)
         return 1
     return 0

@@ -18,7 +18,7 @@ import tarfile
 
 import pytest
 
-from gyre_env.sandbox import hostusr, images
+from gyre_env.sandbox import debian, hostusr, images
 
 BASE = images.DEFAULT_TAG
 HOST_USR_TAG = f"gyre-test-hostusr-{os.getpid()}:latest"
@@ -55,7 +55,7 @@ def test_debian_mirror_reads_one_line_and_deb822_sources(tmp_path):
         "# deb http://commented.example/debian bookworm main\n"
         "deb [arch=amd64 signed-by=/k.gpg] http://mirror.example/debian/ bookworm main\n"
     )
-    assert images.debian_mirror([str(one_line)]) == "http://mirror.example/debian"
+    assert debian.debian_mirror([str(one_line)]) == "http://mirror.example/debian"
     d = tmp_path / "sources.list.d"
     d.mkdir()
     (d / "a.sources").write_text(
@@ -65,10 +65,10 @@ def test_debian_mirror_reads_one_line_and_deb822_sources(tmp_path):
         "Types: deb\nURIs: http://good.example/debian\nSuites: bookworm bookworm-updates\n"
     )
     (d / "ignored.txt").write_text("deb http://never.example/debian bookworm main\n")
-    assert images.debian_mirror([str(d)]) == "http://good.example/debian"
+    assert debian.debian_mirror([str(d)]) == "http://good.example/debian"
     ubuntu = tmp_path / "ubuntu.list"
     ubuntu.write_text("deb http://archive.ubuntu.com/ubuntu noble main\n")
-    assert images.debian_mirror([str(ubuntu), "/nonexistent"]) == images.DEFAULT_MIRROR
+    assert debian.debian_mirror([str(ubuntu), "/nonexistent"]) == debian.DEFAULT_MIRROR
 
 
 @pytest.mark.parametrize(
@@ -119,6 +119,21 @@ def test_host_usr_layout_binds_usr_and_the_running_python():
 def tar_text(data: bytes, name: str) -> str:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         return tar.extractfile(name).read().decode()
+
+
+def test_runtime_settings_come_from_the_dockerfile():
+    changes = images._dockerfile_runtime_changes()
+    assert "WORKDIR /workspace" in changes and 'CMD ["bash"]' in changes
+    env = next(c for c in changes if c.startswith("ENV "))
+    assert "LANG=C.UTF-8" in env and "\\" not in env  # continuation lines joined
+
+
+def test_debootstrap_problems_are_named(monkeypatch):
+    monkeypatch.setattr(debian.shutil, "which", lambda name: None)
+    assert "apt-get install debootstrap" in debian.problem()
+    monkeypatch.setattr(debian.shutil, "which", lambda name: "/usr/sbin/" + name)
+    monkeypatch.setattr(debian.os, "geteuid", lambda: 1000)
+    assert "needs root" in debian.problem()
 
 
 def test_split_ref():
@@ -259,6 +274,21 @@ def test_changed_recipe_rebuilds_and_unchanged_reuses(host_usr_image, monkeypatc
     rebuilt = images.build_base_image(HOST_USR_TAG, method="host-usr", progress=lambda _: None)
     assert not rebuilt.reused and rebuilt.recipe != host_usr_image.recipe
     assert _labels(HOST_USR_TAG)[images.LABEL_RECIPE] == rebuilt.recipe
+
+
+@pytest.mark.docker
+def test_failed_check_never_replaces_a_working_image(host_usr_image, monkeypatch):
+    before = _image_id(HOST_USR_TAG)
+    monkeypatch.setattr(hostusr, "mounts", lambda: [])  # no binds: no bash, no python inside
+    with pytest.raises(images.ImageBuildError, match="lacks a tool"):
+        images.build_base_image(HOST_USR_TAG, method="host-usr", progress=lambda _: None)
+    assert _image_id(HOST_USR_TAG) == before
+    staging = subprocess.run(
+        ["docker", "images", "-q", "--filter", f"reference={HOST_USR_TAG.split(':')[0]}"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert staging == [before[7:19]]  # the staging image was removed
 
 
 def _image_id(tag: str) -> str:
