@@ -45,6 +45,8 @@ class EpisodeContext:
     total_reward: float = 0.0
     terminated: bool = False
     truncated: bool = False
+    killed: bool = False
+    """The runner closed the env under the agent (cancel, or past the hard time limit)."""
 
     @property
     def done(self) -> bool:

@@ -126,8 +126,12 @@ class LangGraphAgent:
 
     def __init__(self, config: LangGraphAgentConfig | None = None):
         require("langgraph", "the LangGraph agent")
-        require("langchain_openai", "the LangGraph agent")
+        langchain_openai = require("langchain_openai", "the LangGraph agent")
         self.config = config or LangGraphAgentConfig()
+        # Finish the lazy imports of openai/httpx here, once: episode threads doing them
+        # concurrently for the first time can see half-initialised modules.
+        langchain_openai.ChatOpenAI(base_url="http://127.0.0.1:9/v1", api_key="unused")
+        from langgraph.graph import StateGraph  # noqa: F401
 
     def run(self, ctx: EpisodeContext) -> AgentResult:
         if ctx.endpoint is None:
@@ -208,7 +212,9 @@ class _EpisodeGraph:
         self.ctx.check_live()
         try:
             reply = self._call(self.llm or self.plain_llm, state["messages"])
-        except _ContextFull:
+        except _ContextFull as e:
+            if self.role != "main":
+                return {"end": EndReason.CONTEXT_FULL.value, "end_message": str(e)}
             return {"compact": True}
         prompt_tokens = (reply.usage_metadata or {}).get("input_tokens", 0)
         return {"messages": [*state["messages"], reply], "prompt_tokens": prompt_tokens}
@@ -279,9 +285,9 @@ class _EpisodeGraph:
         if state.get("end"):
             return END
         window = self.ctx.endpoint.context_length
-        if state.get("prompt_tokens", 0) > self.cfg.compact_fraction * window:
-            return "summarize"
-        return "model"
+        full = state.get("prompt_tokens", 0) > self.cfg.compact_fraction * window
+        # A sub-agent is short-lived: it is not compacted (it ends if its context fills).
+        return "summarize" if full and self.role == "main" else "model"
 
     def summarize_node(self, state: GraphState) -> GraphState:
         """Compact: ask for a summary (a ``summary`` branch), restart from it."""

@@ -184,12 +184,16 @@ class Runner:
     # ------------------------------------------------------------------ public
 
     def cancel(self) -> None:
-        """Start no more episodes and cancel the running ones (they end ``cancelled``)."""
+        """Start no more episodes and cancel the running ones: they end ``cancelled``,
+        ungraded, and their envs are closed at once (which ends a blocked tool call)."""
         self._cancel.set()
         with self._active_lock:
-            for ctx, _ in self._active.values():
-                ctx.cancel_reason = EndReason.CANCELLED
-                ctx.cancel.set()
+            active = list(self._active.values())
+        for ctx, _ in active:
+            ctx.cancel_reason = EndReason.CANCELLED
+            ctx.cancel.set()
+            ctx.killed = True
+            _close_quietly(ctx.env)
 
     def run(self, specs: Iterable[EpisodeSpec]) -> list[EpisodeResult]:
         """Run every spec; returns the results in the order of ``specs``."""
@@ -343,6 +347,8 @@ class Runner:
         except AgentStop as stop:
             return AgentResult(reason=stop.reason, message=str(stop))
         except Exception as e:
+            if ctx.killed:  # its env was closed under it (cancel or hard time limit)
+                return AgentResult(reason=ctx.cancel_reason, message=f"stopped: {e}")
             if _is_infra(e):
                 raise _InfraFailure(f"{type(e).__name__}: {e}") from e
             log.error(
@@ -362,6 +368,10 @@ class Runner:
             ctx.cancel.is_set() and ctx.cancel_reason == EndReason.CANCELLED
         ):
             result.outcome = "cancelled"
+            return
+        if ctx.killed:  # past the hard time limit: nothing left to grade
+            result.outcome, result.reward_valid, result.score = "timeout", False, None
+            result.message = f"closed {self.config.hard_kill_grace_s:.0f}s after the time limit"
             return
         if agent_result.reason == EndReason.MODEL_ERROR:
             raise _InfraFailure(f"model endpoint failed: {agent_result.message}")
@@ -400,6 +410,7 @@ class Runner:
                     )
                     with self._active_lock:
                         self._active.pop(session, None)
+                    ctx.killed = True
                     _close_quietly(ctx.env)
 
 
