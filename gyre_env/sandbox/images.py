@@ -149,7 +149,7 @@ def build_base_image(
         smoke_check(staging)
         client.images.get(staging).tag(repo, name)
     finally:
-        client.images.remove(staging)
+        _remove_quietly(client, staging)
     result = _result(client, tag, method, recipe, False, start)
     if old is not None and old.id != result.image_id:
         _remove_quietly(client, old.id)  # the image this one replaced, unless still in use
@@ -193,12 +193,18 @@ def recipe_hash(method: str, extra_requirements: Sequence[str] = ()) -> str:
             hostusr.LAYOUT_VERSION,
         ]
     else:
-        parts += [DOCKERFILE.read_text(), SETUP_SCRIPT.read_text()]
+        parts += [_without_comments(DOCKERFILE), _without_comments(SETUP_SCRIPT)]
     if method == "debootstrap":
         parts.append(debian.SUITE)
     for part in parts:
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
+
+
+def _without_comments(path: Path) -> str:
+    """A recipe file minus comment and blank lines: editing a comment does not rebuild."""
+    lines = (ln.strip() for ln in path.read_text().splitlines())
+    return "\n".join(ln for ln in lines if ln and not ln.startswith("#"))
 
 
 def host_mounts_from_labels(labels: dict | None) -> list[tuple[str, str]]:
@@ -395,6 +401,7 @@ def _image(client, ref: str):
 
 
 def _remove_quietly(client, image_id: str) -> None:
+    """Remove an image (or untag a name) unless Docker refuses because it is in use."""
     docker = require("docker", "building sandbox images")
     try:
         client.images.remove(image_id)
@@ -404,11 +411,8 @@ def _remove_quietly(client, image_id: str) -> None:
 
 def _image_labels(client, ref: str) -> dict | None:
     """An image's labels ({} when it has none), or None if there is no such image."""
-    docker = require("docker", "building sandbox images")
-    try:
-        return client.images.get(ref).labels or {}
-    except docker.errors.ImageNotFound:
-        return None
+    image = _image(client, ref)
+    return None if image is None else (image.labels or {})
 
 
 def _result(client, tag: str, method: str, recipe: str, reused: bool, start: float) -> BuiltImage:

@@ -43,7 +43,11 @@ def test_recipe_hash_names_method_extras_and_files(tmp_path, monkeypatch):
     assert base == images.recipe_hash("debootstrap")
     assert base != images.recipe_hash("dockerfile")
     assert base != images.recipe_hash("debootstrap", ["numpy==2.1.0"])
-    changed = tmp_path / "Dockerfile"
+    commented = tmp_path / "commented"
+    commented.write_text("# a new comment\n\n" + images.DOCKERFILE.read_text())
+    monkeypatch.setattr(images, "DOCKERFILE", commented)
+    assert images.recipe_hash("debootstrap") == base  # comments do not count
+    changed = tmp_path / "changed"
     changed.write_text(images.DOCKERFILE.read_text() + "\nENV CHANGED=1\n")
     monkeypatch.setattr(images, "DOCKERFILE", changed)
     assert images.recipe_hash("debootstrap") != base
