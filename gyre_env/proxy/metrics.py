@@ -86,8 +86,8 @@ class ProxyMetrics:
         stats.add(**kw)
         self.replicas.setdefault(replica or "none", _Stats()).add(**kw)
 
-    def render(self, inflight: dict[str, int] | None = None) -> str:
-        lines: list[str] = []
+    def render(self, inflight: dict[str, int] | None = None, waiting: int = 0) -> str:
+        lines: list[str] = [f"gyre_proxy_waiting_calls {waiting}"]
         for scope, table in (("session", self.sessions), ("replica", self.replicas)):
             lines += _family(scope, table)
         for name, value in (inflight or {}).items():

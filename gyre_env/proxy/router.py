@@ -85,6 +85,8 @@ class Router:
         self.affinity_slack = affinity_slack
         self._affinity: dict[str, str] = {}
         self._changed = asyncio.Event()
+        self.waiting = 0
+        """Calls waiting for a replica right now (queued agent work)."""
 
     @property
     def context_length(self) -> int:
@@ -131,9 +133,15 @@ class Router:
         while True:
             replica = self._pick(session, exclude)
             if replica is None:
-                if not any(r.name not in exclude for r in self.replicas):
+                now = time.monotonic()
+                if all(r.name in exclude or r.down_until > now for r in self.replicas):
                     raise NoReplicaError(_no_replica_message(trace, "every replica failed"))
-                if not await self._wait(deadline):
+                self.waiting += 1
+                try:
+                    alive = await self._wait(deadline)
+                finally:
+                    self.waiting -= 1
+                if not alive:
                     raise NoReplicaError(
                         _no_replica_message(
                             trace, f"no replica accepted within {self.wait_timeout_s:g}s"

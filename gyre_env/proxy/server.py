@@ -76,6 +76,8 @@ class ProxyConfig:
     """Keep-alive interval of streaming responses while waiting."""
     probe_interval_s: float = 0.5
     """How often a replica that refused (paused) is tried again."""
+    replica_down_s: float = 5.0
+    """After a replica fails a call it gets no calls for this long (then it is tried again)."""
     affinity_slack: int = 2
     """A session stays on its last replica unless that one has this many more calls in flight."""
     max_sessions: int = 4096
@@ -209,7 +211,8 @@ def create_app(config: ProxyConfig, core: ProxyCore):
 
     async def metrics(request):
         inflight = {r.name: r.inflight for r in core.router.replicas}
-        return Response(core.metrics.render(inflight), media_type="text/plain; version=0.0.4")
+        text = core.metrics.render(inflight, waiting=core.router.waiting)
+        return Response(text, media_type="text/plain; version=0.0.4")
 
     async def drop_session(request):
         session = request.path_params["session"]
@@ -300,6 +303,7 @@ class ProxyServer:
                 "wait_timeout_s": config.wait_timeout_s,
                 "ping_interval_s": config.ping_interval_s,
                 "probe_interval_s": config.probe_interval_s,
+                "down_s": config.replica_down_s,
                 "affinity_slack": config.affinity_slack,
             },
         )
