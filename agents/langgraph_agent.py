@@ -194,7 +194,7 @@ class _EpisodeGraph:
         g.add_edge(START, "model")
         g.add_conditional_edges("model", self.after_model, ["tools", "nudge", "summarize", END])
         g.add_conditional_edges("tools", self.after_tools, ["model", "summarize", END])
-        g.add_edge("nudge", "model")
+        g.add_conditional_edges("nudge", lambda s: END if s.get("end") else "model", ["model", END])
         g.add_conditional_edges(
             "summarize", lambda s: END if s.get("end") else "model", ["model", END]
         )
@@ -299,7 +299,10 @@ class _EpisodeGraph:
             return {"end": EndReason.CONTEXT_FULL.value, "end_message": "compacted 3 times"}
         keep = messages[:2]  # system prompt and task
         try:
-            reply = self._call(self.plain_llm, [*messages, HumanMessage(COMPACTION_PROMPT)])
+            # Same tools as the main calls, so the request extends the main context's ids.
+            reply = self._call(
+                self.llm or self.plain_llm, [*messages, HumanMessage(COMPACTION_PROMPT)]
+            )
             summary = _text(reply.content)
         except _ContextFull:  # too long even to summarize: drop the middle instead
             summary = "(earlier work was dropped to fit the context window)"

@@ -1,0 +1,62 @@
+"""Fixtures for agent tests: a model service in front of the tiny model or a scripted engine.
+
+``ScriptedEngine`` (our own engine, real code) answers scripted token ids instantly, so a
+test can make a model call tools deterministically; the embedded engine runs the real
+(random) tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gyre_env.agents.serving import ModelService, ModelServiceConfig
+from gyre_env.engines.tiny import load_tokenizer
+from gyre_env.proxy.scripted import ScriptedEngine
+
+
+@pytest.fixture(scope="session")
+def tok():
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def enc(tok):
+    def encode(text: str) -> list[int]:
+        return tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+
+    return encode
+
+
+@pytest.fixture(scope="session")
+def tool_call_text():
+    """``(name, arguments) -> text`` the tiny model's template parses as one tool call."""
+
+    def text(name: str, arguments: dict) -> str:
+        return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+    return text
+
+
+@pytest.fixture
+def scripted_service(tmp_path, tok, enc):
+    """``start(reply_fn)``: a model service whose engine answers ``reply_fn(prompt_text)``
+    (a string, ``<|im_end|>`` appended)."""
+    services = []
+
+    def start(reply_fn) -> ModelService:
+        def script(prompt_ids, params):
+            return enc(reply_fn(tok.decode(prompt_ids)) + "<|im_end|>")
+
+        service = ModelService(
+            ModelServiceConfig(records_path=str(tmp_path / "records.jsonl")),
+            engines=[ScriptedEngine(script)],
+            tokenizer=tok,
+        ).start()
+        services.append(service)
+        return service
+
+    yield start
+    for service in services:
+        service.stop()
