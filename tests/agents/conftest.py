@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from gyre_env.agents.serving import ModelService, ModelServiceConfig
+
 from gyre_env.engines.tiny import load_tokenizer
 from gyre_env.proxy.scripted import ScriptedEngine
 
