@@ -31,6 +31,7 @@ import gc
 import inspect
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,11 +73,42 @@ class EmbeddedEngineConfig:
     10-50x when its threads contend with other processes for the cores; else unchanged."""
 
 
+class _Mailbox:
+    """Hands items from the worker thread to one event loop, waking it at most once per drain.
+
+    A wake-up (``call_soon_threadsafe``) costs a GIL hand-off between threads, which is
+    slow on busy cores; tokens produced while a drain is already scheduled ride along.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._items: list = []
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def post(self, queue: asyncio.Queue, item) -> None:
+        """Worker side; raises RuntimeError when the loop is closed."""
+        with self._lock:
+            self._items.append((queue, item))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        if self.loop.is_closed():
+            raise RuntimeError("event loop is closed")
+        self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items, self._scheduled = self._items, [], False
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
 @dataclass(eq=False)
 class _Request:
     prompt_ids: list[int]
     params: SamplingParams
-    loop: asyncio.AbstractEventLoop
+    mailbox: _Mailbox
     queue: asyncio.Queue
     max_new: int
     generator: object = None
@@ -125,6 +157,7 @@ class EmbeddedEngine:
         self._pending: collections.deque[_Request] = collections.deque()
         self._control: collections.deque = collections.deque()
         self._batch = KVBatch()
+        self._mailboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._closed = False
         self._worker = threading.Thread(target=self._run, name=f"gyre-{self.name}", daemon=True)
         self._worker.start()
@@ -199,6 +232,14 @@ class EmbeddedEngine:
     @property
     def weight_version(self) -> int:
         return self._weight_version
+
+    async def start(self) -> EmbeddedEngine:
+        """Nothing to wait for (the model loads in the constructor); mirrors SGLangEngine."""
+        return self
+
+    async def aclose(self) -> None:
+        """``close()`` without blocking the event loop."""
+        await asyncio.to_thread(self.close)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerateResult:
         req = self._submit(prompt_ids, params)
@@ -309,7 +350,7 @@ class EmbeddedEngine:
         req = _Request(
             prompt_ids=list(prompt_ids),
             params=params,
-            loop=asyncio.get_running_loop(),
+            mailbox=self._mailbox_for(asyncio.get_running_loop()),
             queue=asyncio.Queue(),
             max_new=min(params.max_new_tokens, room),
         )
@@ -321,6 +362,13 @@ class EmbeddedEngine:
             self._pending.append(req)
             self._cond.notify_all()
         return req
+
+    def _mailbox_for(self, loop: asyncio.AbstractEventLoop) -> _Mailbox:
+        with self._cond:
+            box = self._mailboxes.get(loop)
+            if box is None:
+                box = self._mailboxes[loop] = _Mailbox(loop)
+            return box
 
     def _validate_prompt(self, prompt_ids: list[int]) -> None:
         if not isinstance(prompt_ids, list | tuple) or not prompt_ids:
@@ -454,7 +502,7 @@ class EmbeddedEngine:
 
     def _post(self, req: _Request, item) -> None:
         try:
-            req.loop.call_soon_threadsafe(req.queue.put_nowait, item)
+            req.mailbox.post(req.queue, item)
         except RuntimeError:  # the caller's event loop is closed: nobody is listening
             req.cancelled = True
 
@@ -479,12 +527,21 @@ class EmbeddedEngine:
     def _do_update(self, source: object, version: int) -> None:
         torch = self._torch
         if isinstance(source, str | Path):
+            # Loaded beside the old weights, so a bad folder leaves the engine serving.
             folder = self._resolve_path(str(source))
-            self._model = None
-            gc.collect()
-            self._model = self._load(folder)
+            model = self._load(folder)
+            old, new = self._model.config.model_type, model.config.model_type
+            vocab = int(model.get_input_embeddings().weight.shape[0])
+            if (old, self.vocab_size) != (new, vocab):
+                raise ValueError(
+                    f"update_weights: {folder} holds a {new} model with vocab {vocab}; this "
+                    f"engine serves {old} with vocab {self.vocab_size} (start a new engine "
+                    "for another model)"
+                )
+            self._model = model
             self.model_path = folder
             self._kept_state = None
+            gc.collect()
         else:
             if isinstance(source, torch.nn.Module):
                 source = source.state_dict()

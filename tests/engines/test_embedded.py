@@ -242,6 +242,23 @@ def test_bad_weight_updates_are_rejected_without_effect(tiny_path):
         engine.close()
 
 
+def test_update_from_another_models_folder_is_refused(tiny_path, prompts, tmp_path):
+    from gyre_env.engines.tiny import TinyModelConfig, build_tiny_model
+
+    other = build_tiny_model(tmp_path / "small-vocab", TinyModelConfig(vocab_size=600))
+    engine = EmbeddedEngine(model_path=str(tiny_path))
+    try:
+        before = asyncio.run(engine.generate(prompts[0], GREEDY)).output_ids
+        with pytest.raises(ValueError, match="start a new engine"):
+            asyncio.run(engine.update_weights(str(other), version=1))
+        with pytest.raises(FileNotFoundError, match="no config.json"):
+            asyncio.run(engine.update_weights(str(tmp_path / "nothing"), version=1))
+        assert engine.weight_version == 0
+        assert asyncio.run(engine.generate(prompts[0], GREEDY)).output_ids == before
+    finally:
+        engine.close()
+
+
 def test_update_waits_for_running_requests(tiny_path, prompts):
     engine = EmbeddedEngine(model_path=str(tiny_path))
     long = SamplingParams(max_new_tokens=80, temperature=0)
