@@ -34,6 +34,7 @@ from gyre_env.engines.base import Engine
 from gyre_env.proxy import anthropic_api, openai_api
 from gyre_env.proxy.chat import ChatRequest, RequestError
 from gyre_env.proxy.core import Finished, ProxyCore
+from gyre_env.proxy.passthrough import Passthrough, UpstreamConfig
 from gyre_env.proxy.records import RecordSink
 from gyre_env.proxy.render import ToolCall
 from gyre_env.proxy.router import PING
@@ -115,8 +116,8 @@ def _resolve_session(config: ProxyConfig, headers, path_session: str | None) -> 
     return session
 
 
-def create_app(config: ProxyConfig, core: ProxyCore):
-    """The FastAPI application serving ``core``."""
+def create_app(config: ProxyConfig, core: ProxyCore | None, passthrough: Passthrough | None = None):
+    """The FastAPI application serving ``core`` (token-level engines) or ``passthrough``."""
     fastapi = require("fastapi", "the proxy server")
     responses = require("fastapi.responses", "the proxy server")
     Response, StreamingResponse = responses.Response, responses.StreamingResponse
@@ -154,7 +155,22 @@ def create_app(config: ProxyConfig, core: ProxyCore):
     def json_response(data: dict, status: int = 200):
         return Response(_dumps(data), status_code=status, media_type="application/json")
 
+    async def forward(request, api: str):
+        try:
+            session = _resolve_session(config, request.headers, request.path_params.get("session"))
+            body = await read_json(request)
+            req = apis[api].parse_request(body)
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            status, result = await passthrough.forward(api, session, body, req, headers)
+        except RequestError as err:
+            return error(api, err)
+        if isinstance(result, dict):
+            return json_response(result, status)
+        return StreamingResponse(result, status_code=status, media_type="text/event-stream")
+
     async def chat(request, api: str):
+        if passthrough is not None:
+            return await forward(request, api)
         try:
             session = _resolve_session(config, request.headers, request.path_params.get("session"))
             req = apis[api].parse_request(await read_json(request))
@@ -184,6 +200,10 @@ def create_app(config: ProxyConfig, core: ProxyCore):
             body = await read_json(request)
             body.setdefault("max_tokens", 1)
             req = anthropic_api.parse_request(body)
+            if core is None:
+                raise RequestError(
+                    "count_tokens needs a local tokenizer; this proxy forwards upstream"
+                )
             text = core.renderer.render(req.messages, req.tools)
             return json_response({"input_tokens": len(core.renderer.encode(text))})
         except RequestError as err:
@@ -200,23 +220,34 @@ def create_app(config: ProxyConfig, core: ProxyCore):
         }
         return json_response({"object": "list", "data": [card]})
 
+    replicas = core.router.replicas if core is not None else []
+
     async def health(request):
         reports = {}
-        for r in core.router.replicas:
+        if passthrough is not None:
+            reports["upstream"] = {
+                "base_url": passthrough.upstream.base_url,
+                "api": passthrough.upstream.api,
+            }
+        for r in replicas:
             try:
                 reports[r.name] = await asyncio.wait_for(r.engine.health(), 5)
             except Exception as e:
                 reports[r.name] = {"error": f"{type(e).__name__}: {e}"}
-        return json_response({"status": "ok", "replicas": reports, "sessions": len(core.sessions)})
+        sessions = len(core.sessions) if core is not None else 0
+        return json_response({"status": "ok", "replicas": reports, "sessions": sessions})
 
     async def metrics(request):
-        inflight = {r.name: r.inflight for r in core.router.replicas}
+        if core is None:
+            return Response("", media_type="text/plain; version=0.0.4")
+        inflight = {r.name: r.inflight for r in replicas}
         text = core.metrics.render(inflight, waiting=core.router.waiting)
         return Response(text, media_type="text/plain; version=0.0.4")
 
     async def drop_session(request):
         session = request.path_params["session"]
-        return json_response({"session": session, "dropped": core.sessions.drop(session)})
+        dropped = core.sessions.drop(session) if core is not None else False
+        return json_response({"session": session, "dropped": dropped})
 
     for prefix in ("", "/s/{session}"):
         app.add_route(prefix + "/v1/chat/completions", openai_chat, methods=["POST"])
@@ -284,12 +315,27 @@ class ProxyServer:
         self,
         config: ProxyConfig,
         *,
-        engines: list[Engine],
-        tokenizer,
+        engines: list[Engine] | None = None,
+        tokenizer=None,
         sink: RecordSink | None = None,
         classifier: BranchClassifier = default_classifier,
+        upstream: UpstreamConfig | None = None,
     ):
         self.config = config
+        self.sink = sink
+        self.core: ProxyCore | None = None
+        self.passthrough: Passthrough | None = None
+        if upstream is not None:
+            if engines:
+                raise ValueError(
+                    "give either engines (token-level) or upstream (passthrough), not both"
+                )
+            self.passthrough = Passthrough(upstream, sink=sink, classifier=classifier)
+            self.app = create_app(config, None, self.passthrough)
+            self._init_server_state()
+            return
+        if not engines or tokenizer is None:
+            raise ValueError("ProxyServer needs engines and their tokenizer (or an upstream)")
         self.core = ProxyCore(
             engines=engines,
             tokenizer=tokenizer,
@@ -308,6 +354,9 @@ class ProxyServer:
             },
         )
         self.app = create_app(config, self.core)
+        self._init_server_state()
+
+    def _init_server_state(self) -> None:
         self._sock: socket.socket | None = None
         self._server = None
         self._thread: threading.Thread | None = None
@@ -377,14 +426,16 @@ class ProxyServer:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
+        if self.passthrough is not None and self.loop is not None and self.loop.is_running():
+            asyncio.run_coroutine_threadsafe(self.passthrough.aclose(), self.loop).result(timeout)
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
         if self._sock is not None:
             self._sock.close()
-        if self.core.sink is not None:
-            self.core.sink.close()
+        if self.sink is not None:
+            self.sink.close()
 
     def __enter__(self) -> ProxyServer:
         return self.start()
