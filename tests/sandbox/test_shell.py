@@ -26,11 +26,13 @@ def test_killing_the_shell_restarts_it_and_the_next_command_runs(make, any_backe
     sandbox = make(any_backend)
     for attempt in range(3):  # the shell's death races with the next command: try a few
         first = sandbox.exec("kill -9 $$", timeout=20)
-        second = sandbox.exec(f"echo alive-{attempt}", timeout=20)
+        second = sandbox.exec(f"echo alive-{attempt} | tee -a runs.txt", timeout=20)
         assert (second.stdout, second.exit_code) == (f"alive-{attempt}\n", 0), (first, second)
         assert first.shell_restarted or second.shell_restarted, (first, second)
         flagged = first if first.shell_restarted else second
         assert "started" in flagged.stderr, flagged
+    # A command is never run twice, even when it is retried on a fresh shell.
+    assert sandbox.read_file("runs.txt") == b"alive-0\nalive-1\nalive-2\n"
 
 
 def test_exec_replaces_only_the_command(make, any_backend):
