@@ -10,6 +10,7 @@ from __future__ import annotations
 from gyre_env.tasks.registry import (
     SUITES,
     SuiteSpec,
+    UnknownNameError,
     builtin_suite_dir,
     get_task,
     load_suite,
@@ -32,6 +33,7 @@ __all__ = [
     "SuiteSpec",
     "Task",
     "TaskFormatError",
+    "UnknownNameError",
     "builtin_suite_dir",
     "get_task",
     "is_pytest_command",

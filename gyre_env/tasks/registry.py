@@ -17,6 +17,13 @@ from pathlib import Path
 from gyre_env.tasks.task import Task, TaskFormatError, load_task
 
 
+class UnknownNameError(KeyError):
+    """No suite or task by that name; the message suggests the closest known one."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 @dataclass(kw_only=True, frozen=True)
 class SuiteSpec:
     """A registered suite: where its tasks come from."""
@@ -53,7 +60,7 @@ def load_suite(name_or_path: str | Path, **kwargs) -> list[Task]:
     else:
         close = difflib.get_close_matches(key, list(SUITES), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise KeyError(
+        raise UnknownNameError(
             f"no task suite named {key!r} and no such folder.{hint} "
             f"Registered suites: {sorted(SUITES)}"
         )
@@ -91,7 +98,7 @@ def get_task(task_id: str, suite: str | Path = "builtin", **kwargs) -> Task:
     if task_id not in tasks:
         close = difflib.get_close_matches(task_id, list(tasks), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise KeyError(f"no task {task_id!r} in suite {str(suite)!r}.{hint}")
+        raise UnknownNameError(f"no task {task_id!r} in suite {str(suite)!r}.{hint}")
     return tasks[task_id]
 
 

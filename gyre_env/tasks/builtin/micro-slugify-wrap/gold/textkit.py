@@ -25,7 +25,7 @@ def slugify(text, sep="-", max_length=None):
 
 def _strip(s, sep):
     while s.startswith(sep):
-        s = s[len(sep):]
+        s = s[len(sep) :]
     while s.endswith(sep):
         s = s[: -len(sep)]
     return s

@@ -2,9 +2,7 @@ import pytest
 from roman import from_roman, roman_range, to_roman
 
 
-@pytest.mark.parametrize(
-    "n,text", [(1, "I"), (4, "IV"), (1994, "MCMXCIV"), (3999, "MMMCMXCIX")]
-)
+@pytest.mark.parametrize("n,text", [(1, "I"), (4, "IV"), (1994, "MCMXCIV"), (3999, "MMMCMXCIX")])
 def test_to_roman(n, text):
     assert to_roman(n) == text
 

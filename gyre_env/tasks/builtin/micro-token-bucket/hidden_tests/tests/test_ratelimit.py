@@ -68,8 +68,13 @@ def test_acquire_timeout_zero_does_not_sleep():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"rate": 0, "capacity": 1}, {"rate": 1, "capacity": 0},
-               {"rate": True, "capacity": 1}, {"rate": 1, "capacity": 2.0}]
+    "kwargs",
+    [
+        {"rate": 0, "capacity": 1},
+        {"rate": 1, "capacity": 0},
+        {"rate": True, "capacity": 1},
+        {"rate": 1, "capacity": 2.0},
+    ],
 )
 def test_bad_construction(kwargs):
     with pytest.raises(ValueError):

@@ -52,9 +52,16 @@ def _arith(op, a, b, token):
             raise _err("division by zero", token)
         return Fraction(a) ** int(b)
     return {
-        "+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "/": lambda: a / b,
-        "//": lambda: Fraction(a // b), "%": lambda: a % b,
-        "<": lambda: a < b, "<=": lambda: a <= b, ">": lambda: a > b, ">=": lambda: a >= b,
+        "+": lambda: a + b,
+        "-": lambda: a - b,
+        "*": lambda: a * b,
+        "/": lambda: a / b,
+        "//": lambda: Fraction(a // b),
+        "%": lambda: a % b,
+        "<": lambda: a < b,
+        "<=": lambda: a <= b,
+        ">": lambda: a > b,
+        ">=": lambda: a >= b,
     }[op]()
 
 
@@ -137,7 +144,7 @@ class Interpreter:
             raise _err("maximum recursion depth exceeded", node.token)
         self._depth += 1
         try:
-            return self.eval(fn.body, dict(zip(fn.params, args)))
+            return self.eval(fn.body, dict(zip(fn.params, args, strict=True)))
         finally:
             self._depth -= 1
 
@@ -160,7 +167,11 @@ class Interpreter:
             return Fraction(round(nums[0]))
         x = nums[0]
         return {
-            "abs": lambda: abs(x), "min": lambda: min(nums), "max": lambda: max(nums),
-            "floor": lambda: Fraction(math.floor(x)), "ceil": lambda: Fraction(math.ceil(x)),
-            "num": lambda: Fraction(x.numerator), "den": lambda: Fraction(x.denominator),
+            "abs": lambda: abs(x),
+            "min": lambda: min(nums),
+            "max": lambda: max(nums),
+            "floor": lambda: Fraction(math.floor(x)),
+            "ceil": lambda: Fraction(math.ceil(x)),
+            "num": lambda: Fraction(x.numerator),
+            "den": lambda: Fraction(x.denominator),
         }[name]()

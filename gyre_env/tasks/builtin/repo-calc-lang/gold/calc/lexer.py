@@ -6,8 +6,26 @@ from dataclasses import dataclass
 from calc.errors import CalcSyntaxError
 
 KEYWORDS = {"let", "def", "if", "then", "else", "and", "or", "not", "true", "false"}
-OPERATORS = ["**", "//", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "<", ">", "(", ")",
-             ",", "=", ";"]
+OPERATORS = [
+    "**",
+    "//",
+    "==",
+    "!=",
+    "<=",
+    ">=",
+    "+",
+    "-",
+    "*",
+    "/",
+    "%",
+    "<",
+    ">",
+    "(",
+    ")",
+    ",",
+    "=",
+    ";",
+]
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

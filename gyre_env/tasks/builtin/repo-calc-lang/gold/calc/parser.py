@@ -244,7 +244,9 @@ def parse(source):
 
 
 def format_number(value):
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    return (
+        str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    )
 
 
 def dump(node):

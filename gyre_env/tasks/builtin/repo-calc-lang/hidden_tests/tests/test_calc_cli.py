@@ -17,7 +17,9 @@ def run(capsys, monkeypatch, argv, stdin=""):
 
 def test_example_from_stdin(capsys, monkeypatch):
     assert run(capsys, monkeypatch, [], EXAMPLE) == (
-        1, "1/3\n1\n4/3\n", "error: 4:9: undefined variable 'undefined'\n"
+        1,
+        "1/3\n1\n4/3\n",
+        "error: 4:9: undefined variable 'undefined'\n",
     )
 
 
@@ -47,7 +49,11 @@ def test_errors_continue_with_next_line(capsys, monkeypatch):
 
 def test_unreadable_file(capsys, monkeypatch, tmp_path):
     missing = tmp_path / "missing.calc"
-    assert run(capsys, monkeypatch, [str(missing)]) == (2, "", f"calc: error: cannot read {missing}\n")
+    assert run(capsys, monkeypatch, [str(missing)]) == (
+        2,
+        "",
+        f"calc: error: cannot read {missing}\n",
+    )
 
 
 def test_bad_decimal_is_usage_error(capsys, monkeypatch):
@@ -58,7 +64,12 @@ def test_bad_decimal_is_usage_error(capsys, monkeypatch):
 
 
 def test_python_dash_m(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "calc", "-e", "2 ** 100 / 3"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "calc", "-e", "2 ** 100 / 3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0
     assert proc.stdout == "1267650600228229401496703205376/3\n"

@@ -39,10 +39,18 @@ def test_arithmetic_is_exact(source, expected):
 @pytest.mark.parametrize(
     "source,expected",
     [
-        ("1 < 2", True), ("2 <= 2", True), ("3 > 4", False), ("1/2 >= 0.5", True),
-        ("1 == 1.0", True), ("1 != 2", True), ("true == 1", False), ("true != 1", True),
-        ("true == true", True), ("not (1 == 2)", True),
-        ("true and false", False), ("false or true", True),
+        ("1 < 2", True),
+        ("2 <= 2", True),
+        ("3 > 4", False),
+        ("1/2 >= 0.5", True),
+        ("1 == 1.0", True),
+        ("1 != 2", True),
+        ("true == 1", False),
+        ("true != 1", True),
+        ("true == true", True),
+        ("not (1 == 2)", True),
+        ("true and false", False),
+        ("false or true", True),
     ],
 )
 def test_comparisons_and_logic(source, expected):
@@ -104,10 +112,17 @@ def test_recursion_depth_limit():
 @pytest.mark.parametrize(
     "source,expected",
     [
-        ("abs(-3/4)", Fraction(3, 4)), ("min(3, 1/2, 2)", Fraction(1, 2)), ("max(-1)", Fraction(-1)),
-        ("floor(-7/2)", Fraction(-4)), ("ceil(7/2)", Fraction(4)), ("round(5/2)", Fraction(2)),
-        ("round(7/2)", Fraction(4)), ("round(1/3, 2)", Fraction(33, 100)),
-        ("round(0.125, 2)", Fraction(3, 25)), ("num(6/4)", Fraction(3)), ("den(0.25)", Fraction(4)),
+        ("abs(-3/4)", Fraction(3, 4)),
+        ("min(3, 1/2, 2)", Fraction(1, 2)),
+        ("max(-1)", Fraction(-1)),
+        ("floor(-7/2)", Fraction(-4)),
+        ("ceil(7/2)", Fraction(4)),
+        ("round(5/2)", Fraction(2)),
+        ("round(7/2)", Fraction(4)),
+        ("round(1/3, 2)", Fraction(33, 100)),
+        ("round(0.125, 2)", Fraction(3, 25)),
+        ("num(6/4)", Fraction(3)),
+        ("den(0.25)", Fraction(4)),
     ],
 )
 def test_builtins(source, expected):
@@ -152,7 +167,11 @@ def test_user_function_arity_error():
         interp.run("one(1, 2)")
     with pytest.raises(CalcRuntimeError) as info:
         interp.run("\n  two(1)")
-    assert (info.value.line, info.value.col, info.value.message) == (2, 3, "two expects 2 arguments, got 1")
+    assert (info.value.line, info.value.col, info.value.message) == (
+        2,
+        3,
+        "two expects 2 arguments, got 1",
+    )
 
 
 def test_cannot_redefine_builtin():
@@ -178,10 +197,18 @@ def test_runtime_error_keeps_earlier_effects():
 @pytest.mark.parametrize(
     "val,decimals,text",
     [
-        (Fraction(3), None, "3"), (Fraction(-12), None, "-12"), (Fraction(-3, 4), None, "-3/4"),
-        (True, None, "true"), (False, 2, "false"), (Fraction(1, 3), 4, "0.3333"),
-        (Fraction(-1, 8), 2, "-0.12"), (Fraction(5, 2), 0, "2"), (Fraction(7), 2, "7.00"),
-        (Fraction(2, 3), 3, "0.667"), (Fraction(-1, 1000), 2, "0.00"), (Fraction(123456, 100), 1, "1234.6"),
+        (Fraction(3), None, "3"),
+        (Fraction(-12), None, "-12"),
+        (Fraction(-3, 4), None, "-3/4"),
+        (True, None, "true"),
+        (False, 2, "false"),
+        (Fraction(1, 3), 4, "0.3333"),
+        (Fraction(-1, 8), 2, "-0.12"),
+        (Fraction(5, 2), 0, "2"),
+        (Fraction(7), 2, "7.00"),
+        (Fraction(2, 3), 3, "0.667"),
+        (Fraction(-1, 1000), 2, "0.00"),
+        (Fraction(123456, 100), 1, "1234.6"),
     ],
 )
 def test_format_value(val, decimals, text):

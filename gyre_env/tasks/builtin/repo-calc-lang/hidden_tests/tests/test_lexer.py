@@ -28,15 +28,26 @@ def test_longest_operator_match():
 
 def test_keywords_vs_names():
     toks = kinds_texts("let lettuce if_ not true false_")
-    assert toks[:6] == [("KEYWORD", "let"), ("NAME", "lettuce"), ("NAME", "if_"),
-                        ("KEYWORD", "not"), ("KEYWORD", "true"), ("NAME", "false_")]
+    assert toks[:6] == [
+        ("KEYWORD", "let"),
+        ("NAME", "lettuce"),
+        ("NAME", "if_"),
+        ("KEYWORD", "not"),
+        ("KEYWORD", "true"),
+        ("NAME", "false_"),
+    ]
 
 
 def test_positions_newlines_and_comments():
     toks = tokenize("a = 1 # note\n  bb\r\n")
     assert [(t.kind, t.line, t.col) for t in toks] == [
-        ("NAME", 1, 1), ("OP", 1, 3), ("NUMBER", 1, 5), ("NEWLINE", 1, 13),
-        ("NAME", 2, 3), ("NEWLINE", 2, 6), ("EOF", 3, 1),
+        ("NAME", 1, 1),
+        ("OP", 1, 3),
+        ("NUMBER", 1, 5),
+        ("NEWLINE", 1, 13),
+        ("NAME", 2, 3),
+        ("NEWLINE", 2, 6),
+        ("EOF", 3, 1),
     ]
 
 

@@ -45,8 +45,12 @@ def test_expressions(source, expected):
 
 def test_statements_and_separators():
     source = "let x = 1 + 2\n\n;; def f(a, b) = a * b; def k() = 7\nf(x, 2)\n"
-    assert tree(source) == ["(let x (+ 1 2))", "(def f (a b) (* a b))", "(def k () 7)",
-                            "(call f x 2)"]
+    assert tree(source) == [
+        "(let x (+ 1 2))",
+        "(def f (a b) (* a b))",
+        "(def k () 7)",
+        "(call f x 2)",
+    ]
 
 
 def test_empty_program():

@@ -43,7 +43,11 @@ def load_snapshot(path, clock=time.monotonic):
             data = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot load snapshot {path}: {e}") from e
-    if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("keys"), dict):
+    if (
+        not isinstance(data, dict)
+        or data.get("version") != 1
+        or not isinstance(data.get("keys"), dict)
+    ):
         raise ValueError(f"{path}: not a minikv snapshot")
     store = Store(clock)
     now = clock()

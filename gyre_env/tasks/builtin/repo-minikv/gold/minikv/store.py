@@ -329,7 +329,7 @@ class Store:
     def hset(self, key, *pairs):
         h = self._get_or_create(key, "hash", dict)
         new = 0
-        for field, value in zip(pairs[::2], pairs[1::2]):
+        for field, value in zip(pairs[::2], pairs[1::2], strict=True):
             new += field not in h
             h[field] = value
         return new

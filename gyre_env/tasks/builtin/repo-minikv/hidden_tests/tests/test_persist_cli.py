@@ -62,8 +62,14 @@ def test_expired_keys_not_saved(tmp_path):
     assert "t" not in json.loads((tmp_path / "s.json").read_text())["keys"]
 
 
-@pytest.mark.parametrize("content", ["not json", '{"version": 2, "keys": {}}',
-                                     '{"version": 1, "keys": {"k": {"type": "list", "value": "x"}}}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "not json",
+        '{"version": 2, "keys": {}}',
+        '{"version": 1, "keys": {"k": {"type": "list", "value": "x"}}}',
+    ],
+)
 def test_load_bad_snapshot(tmp_path, content):
     path = tmp_path / "bad.json"
     path.write_text(content)
@@ -110,7 +116,10 @@ def test_cli_script_file_skips_comments(capsys, monkeypatch, tmp_path):
 
 def test_cli_snapshot_persists_between_runs(capsys, monkeypatch, tmp_path):
     snap = str(tmp_path / "db.json")
-    assert run_cli(capsys, monkeypatch, ["--snapshot", snap], "SADD s m\nSAVE\n")[1] == "(integer) 1\nOK\n"
+    assert (
+        run_cli(capsys, monkeypatch, ["--snapshot", snap], "SADD s m\nSAVE\n")[1]
+        == "(integer) 1\nOK\n"
+    )
     assert run_cli(capsys, monkeypatch, ["--snapshot", snap], "SMEMBERS s\n")[1] == '1) "m"\n'
 
 
@@ -125,6 +134,12 @@ def test_cli_errors(capsys, monkeypatch, tmp_path):
 
 
 def test_python_dash_m(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "minikv"], input=EXAMPLE_IN, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "minikv"],
+        input=EXAMPLE_IN,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and proc.stdout == EXAMPLE_OUT

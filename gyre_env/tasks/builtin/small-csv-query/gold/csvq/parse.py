@@ -102,8 +102,6 @@ def read_table(text, delimiter=","):
     rows = []
     for index, record in enumerate(records[1:], start=1):
         if len(record) != len(header):
-            raise CsvError(
-                f"expected {len(header)} fields, got {len(record)}", starts[index]
-            )
-        rows.append(dict(zip(header, record)))
+            raise CsvError(f"expected {len(header)} fields, got {len(record)}", starts[index])
+        rows.append(dict(zip(header, record, strict=True)))
     return Table(list(header), rows)

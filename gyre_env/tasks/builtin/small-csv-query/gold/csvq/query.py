@@ -31,7 +31,12 @@ class Condition:
         if a is None or b is None:
             a, b = cell, self.value
         return {
-            "=": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b,
+            "=": a == b,
+            "!=": a != b,
+            "<": a < b,
+            "<=": a <= b,
+            ">": a > b,
+            ">=": a >= b,
         }[self.op]
 
 
@@ -59,7 +64,9 @@ def run_query(table, where=(), select=None, sort=None, descending=False, limit=N
             raise QueryError(f"unknown column {sort!r}")
         numbers = [_number(r[sort]) for r in rows]
         if all(v is not None for v in numbers):
-            keyed = sorted(zip(numbers, range(len(rows))), key=lambda p: p[0], reverse=descending)
+            keyed = sorted(
+                zip(numbers, range(len(rows)), strict=True), key=lambda p: p[0], reverse=descending
+            )
             rows = [rows[i] for _, i in keyed]
         else:
             rows = sorted(rows, key=lambda r: r[sort], reverse=descending)
@@ -74,8 +81,8 @@ def run_query(table, where=(), select=None, sort=None, descending=False, limit=N
 
 def format_table(columns, rows):
     widths = [max([len(c)] + [len(r[c]) for r in rows]) for c in columns]
-    lines = [" | ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
     lines.append("-+-".join("-" * w for w in widths))
     for r in rows:
-        lines.append(" | ".join(r[c].ljust(w) for c, w in zip(columns, widths)))
+        lines.append(" | ".join(r[c].ljust(w) for c, w in zip(columns, widths, strict=True)))
     return "".join(line.rstrip() + "\n" for line in lines)

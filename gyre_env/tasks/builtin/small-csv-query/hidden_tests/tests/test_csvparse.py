@@ -14,7 +14,7 @@ from csvq.parse import CsvError, Table, parse_csv, read_table, write_csv
         ('"multi\nline",2\n', [["multi\nline", "2"]]),
         ('a"b, c ,\n', [['a"b', " c ", ""]]),
         ('"",x\n', [["", "x"]]),
-        (',\n', [["", ""]]),
+        (",\n", [["", ""]]),
     ],
 )
 def test_parse_csv(text, rows):

@@ -70,6 +70,11 @@ def test_usage_errors_exit_2(capsys, csvfile):
 
 
 def test_python_dash_m(tmp_path, csvfile):
-    proc = subprocess.run([sys.executable, "-m", "csvq", csvfile, "--count"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "csvq", csvfile, "--count"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and proc.stdout == "3\n"

@@ -2,15 +2,18 @@ import pytest
 from csvq.parse import read_table
 from csvq.query import QueryError, format_table, parse_condition, run_query
 
-PEOPLE = read_table(
-    "name,age,city\nAl,7,Oslo\nBo,12,Rome\nCy,100,Oslo\nDi,12,Lima\n"
-)
+PEOPLE = read_table("name,age,city\nAl,7,Oslo\nBo,12,Rome\nCy,100,Oslo\nDi,12,Lima\n")
 
 
 @pytest.mark.parametrize(
     "text,expected",
-    [("age>=30", ("age", ">=", "30")), (" city = Oslo ", ("city", "=", "Oslo")),
-     ("name!=Al", ("name", "!=", "Al")), ("name~o", ("name", "~", "o")), ("a<b<c", ("a", "<", "b<c"))],
+    [
+        ("age>=30", ("age", ">=", "30")),
+        (" city = Oslo ", ("city", "=", "Oslo")),
+        ("name!=Al", ("name", "!=", "Al")),
+        ("name~o", ("name", "~", "o")),
+        ("a<b<c", ("a", "<", "b<c")),
+    ],
 )
 def test_parse_condition(text, expected):
     c = parse_condition(text)

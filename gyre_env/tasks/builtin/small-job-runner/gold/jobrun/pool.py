@@ -50,9 +50,7 @@ class Job:
 
     def _wait(self, timeout):
         with self._cond:
-            if not self._cond.wait_for(
-                lambda: self._state in (_FINISHED, _CANCELLED), timeout
-            ):
+            if not self._cond.wait_for(lambda: self._state in (_FINISHED, _CANCELLED), timeout):
                 raise TimeoutError("job did not finish in time")
             if self._state == _CANCELLED:
                 raise CancelledError("job was cancelled")
@@ -100,9 +98,7 @@ class WorkerPool:
         self._queue = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._threads = [
-            threading.Thread(target=self._worker, daemon=True) for _ in range(workers)
-        ]
+        self._threads = [threading.Thread(target=self._worker, daemon=True) for _ in range(workers)]
         for t in self._threads:
             t.start()
 

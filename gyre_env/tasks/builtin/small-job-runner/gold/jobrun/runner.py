@@ -20,8 +20,11 @@ class CommandResult:
 
 def _run_one(command, timeout):
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
+        ["/bin/sh", "-c", command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -28,7 +28,12 @@ def test_timeout_kills_the_process_group_quickly():
     start = time.monotonic()
     (result,) = run_commands(["sleep 30 & sleep 30; echo never"], timeout=0.5)
     assert time.monotonic() - start < 10
-    assert (result.status, result.returncode, result.stdout, result.stderr) == ("timeout", None, "", "")
+    assert (result.status, result.returncode, result.stdout, result.stderr) == (
+        "timeout",
+        None,
+        "",
+        "",
+    )
 
 
 def test_fail_fast_skips_not_started():
@@ -65,11 +70,15 @@ def test_cli_file_comments_and_success(capsys, monkeypatch, tmp_path):
 
 def test_cli_timeout_and_fail_fast(capsys, monkeypatch):
     code, out, _ = run_cli(
-        capsys, monkeypatch, ["-j", "1", "--timeout", "0.3", "--fail-fast", "-"],
+        capsys,
+        monkeypatch,
+        ["-j", "1", "--timeout", "0.3", "--fail-fast", "-"],
         "sleep 20\necho later\n",
     )
     assert code == 1
-    assert out == "[timeout] sleep 20\n[skipped] echo later\n0 ok, 0 failed, 1 timed out, 1 skipped\n"
+    assert (
+        out == "[timeout] sleep 20\n[skipped] echo later\n0 ok, 0 failed, 1 timed out, 1 skipped\n"
+    )
 
 
 def test_cli_show_output_multiline(capsys, monkeypatch):
@@ -79,7 +88,9 @@ def test_cli_show_output_multiline(capsys, monkeypatch):
 
 def test_cli_empty_input(capsys, monkeypatch):
     assert run_cli(capsys, monkeypatch, ["-"], "\n# nothing\n") == (
-        0, "0 ok, 0 failed, 0 timed out, 0 skipped\n", ""
+        0,
+        "0 ok, 0 failed, 0 timed out, 0 skipped\n",
+        "",
     )
 
 
@@ -97,7 +108,13 @@ def test_cli_usage_errors(capsys, monkeypatch):
 
 
 def test_python_dash_m(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "jobrun", "-"], input="echo x\n", cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobrun", "-"],
+        input="echo x\n",
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0
     assert proc.stdout == "[ok] echo x\n1 ok, 0 failed, 0 timed out, 0 skipped\n"

@@ -74,9 +74,7 @@ def _run(args, store):
         store.edit(args.id, **kwargs)
         print(f"Updated #{args.id}.")
     elif args.command == "stats":
-        today = (
-            datetime.date.fromisoformat(args.today) if args.today else datetime.date.today()
-        )
+        today = datetime.date.fromisoformat(args.today) if args.today else datetime.date.today()
         n_open = len(store.list("open"))
         n_done = len(store.list("done"))
         print(f"open: {n_open}, done: {n_done}, overdue: {len(store.overdue(today))}")

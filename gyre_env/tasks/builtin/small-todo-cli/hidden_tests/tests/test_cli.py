@@ -25,7 +25,18 @@ def test_add_prints_id_and_title(run):
 
 
 def test_list_format(run):
-    run("add", "Buy milk", "--priority", "high", "--due", "2024-05-01", "--tag", "shop", "--tag", "home")
+    run(
+        "add",
+        "Buy milk",
+        "--priority",
+        "high",
+        "--due",
+        "2024-05-01",
+        "--tag",
+        "shop",
+        "--tag",
+        "home",
+    )
     run("add", "Read")
     code, out, _ = run("list")
     assert code == 0
@@ -109,9 +120,21 @@ def test_todo_file_env_and_default(tmp_path, capsys, monkeypatch):
 
 def test_python_dash_m(tmp_path):
     env = {**os.environ, "TODO_FILE": str(tmp_path / "t.json")}
-    add = subprocess.run([sys.executable, "-m", "todo", "add", "via module"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=60)
+    add = subprocess.run(
+        [sys.executable, "-m", "todo", "add", "via module"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert add.returncode == 0 and add.stdout == "Added #1: via module\n"
-    bad = subprocess.run([sys.executable, "-m", "todo", "done", "5"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "todo", "done", "5"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 1 and bad.stderr == "error: no item #5\n"

@@ -11,10 +11,16 @@ def store(tmp_path):
 
 
 def test_add_returns_full_item(store):
-    item = store.add("  Buy milk ", priority="high", due="2024-05-01", tags=["shop", "home", "shop"])
+    item = store.add(
+        "  Buy milk ", priority="high", due="2024-05-01", tags=["shop", "home", "shop"]
+    )
     assert item == {
-        "id": 1, "title": "Buy milk", "priority": "high", "due": "2024-05-01",
-        "tags": ["home", "shop"], "done": False,
+        "id": 1,
+        "title": "Buy milk",
+        "priority": "high",
+        "due": "2024-05-01",
+        "tags": ["home", "shop"],
+        "done": False,
     }
 
 
@@ -46,8 +52,13 @@ def test_missing_file_is_empty_and_not_created_until_change(tmp_path):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"title": "   "}, {"title": "x", "priority": "urgent"}, {"title": "x", "due": "2024-13-01"},
-     {"title": "x", "due": "2024-5-1"}, {"title": "x", "due": "tomorrow"}],
+    [
+        {"title": "   "},
+        {"title": "x", "priority": "urgent"},
+        {"title": "x", "due": "2024-13-01"},
+        {"title": "x", "due": "2024-5-1"},
+        {"title": "x", "due": "tomorrow"},
+    ],
 )
 def test_add_validation(store, kwargs):
     with pytest.raises(ValueError):
@@ -56,7 +67,13 @@ def test_add_validation(store, kwargs):
 
 def test_not_found_everywhere(store):
     store.add("a")
-    for call in (store.get, store.complete, store.reopen, store.remove, lambda i: store.edit(i, title="x")):
+    for call in (
+        store.get,
+        store.complete,
+        store.reopen,
+        store.remove,
+        lambda i: store.edit(i, title="x"),
+    ):
         with pytest.raises(NotFoundError) as info:
             call(9)
         assert str(info.value) == "no item #9"
@@ -96,7 +113,12 @@ def test_sort_by_due_none_last(store):
 def test_edit_fields_and_due_semantics(store):
     store.add("a", due="2024-01-01", tags=["t"])
     item = store.edit(1, title="A2", priority="low")
-    assert (item["title"], item["priority"], item["due"], item["tags"]) == ("A2", "low", "2024-01-01", ["t"])
+    assert (item["title"], item["priority"], item["due"], item["tags"]) == (
+        "A2",
+        "low",
+        "2024-01-01",
+        ["t"],
+    )
     assert store.edit(1, due=None)["due"] is None
     assert store.edit(1, tags=["z", "y"])["tags"] == ["y", "z"]
     with pytest.raises(ValueError):

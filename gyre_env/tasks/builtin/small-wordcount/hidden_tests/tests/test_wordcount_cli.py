@@ -94,6 +94,11 @@ def test_usage_errors(files, capsys, monkeypatch):
 
 
 def test_python_dash_m(files):
-    proc = subprocess.run([sys.executable, "-m", "wordcount", "-w", "a.txt"], cwd=files,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "wordcount", "-w", "a.txt"],
+        cwd=files,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and proc.stdout == "3 a.txt\n"

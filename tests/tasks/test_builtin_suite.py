@@ -1,0 +1,115 @@
+"""The built-in suite: its shape, and the gold preflight over every task.
+
+The preflight is real: each task's gold solution and an empty workspace are copied
+next to the hidden tests and run through the task's own test commands (pip editable
+installs go to a private PYTHONUSERBASE), so this test proves every gold scores 1.0,
+every empty workspace scores 0.0, and every declared test count is what pytest collects.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import sys
+import time
+
+import pytest
+
+from gyre_env.tasks import builtin_suite_dir, load_suite, load_task
+from gyre_env.tasks.check import check_task, check_tasks, parse_junit
+from gyre_env.tasks.task import tomllib
+
+SUITE = load_suite("builtin")
+BY_TIER = {tier: [t for t in SUITE if t.tier == tier] for tier in ("micro", "small", "repo")}
+
+
+def test_suite_shape():
+    assert len(SUITE) >= 12
+    assert len(BY_TIER["micro"]) >= 6 and len(BY_TIER["small"]) >= 4 and len(BY_TIER["repo"]) >= 2
+    assert {t.domain for t in SUITE} >= {
+        "parsing",
+        "data-structures",
+        "text",
+        "cli",
+        "concurrency",
+        "numerics",
+    }
+    for t in BY_TIER["micro"]:
+        assert 8 <= t.test_count <= 15, t.id
+    for t in BY_TIER["small"]:
+        assert 20 <= t.test_count <= 60, t.id
+    for t in BY_TIER["repo"]:
+        assert t.test_count >= 80 and t.spec_words >= 1500, t.id
+    assert all(t.gold_dir is not None for t in SUITE)
+
+
+def _imports(path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            yield node.module.split(".")[0]
+
+
+@pytest.mark.parametrize("task", SUITE, ids=lambda t: t.id)
+def test_gold_uses_only_the_stdlib_and_installs_with_setuptools(task):
+    own = {p.name for p in task.gold_dir.iterdir() if p.is_dir()}
+    own |= {p.stem for p in task.gold_dir.glob("*.py")}
+    for py in task.gold_dir.rglob("*.py"):
+        third_party = set(_imports(py)) - set(sys.stdlib_module_names) - own
+        assert not third_party, f"{py} imports {third_party}"
+    for test in task.hidden_tests_dir.rglob("*.py"):
+        extra = set(_imports(test)) - set(sys.stdlib_module_names) - own - {"pytest"}
+        assert not extra, f"{test} imports {extra}"
+    pyproject = task.gold_dir / "pyproject.toml"
+    if task.tier == "micro":
+        assert not pyproject.exists()
+        assert not any("pip install" in c for c in task.test_commands)
+    else:
+        meta = tomllib.loads(pyproject.read_text())
+        assert meta["build-system"]["build-backend"] == "setuptools.build_meta"
+        assert not meta["project"].get("dependencies")
+        assert any("--no-build-isolation --no-deps -e ." in c for c in task.test_commands)
+
+
+def test_whole_suite_preflight():
+    """Every gold scores 1.0, every empty workspace 0.0, declared == collected."""
+    start = time.monotonic()
+    results = check_tasks(SUITE)
+    took = time.monotonic() - start
+    problems = {r.task.id: r.problems for r in results if not r.ok}
+    assert not problems, problems
+    for r in results:
+        assert r.gold.score == 1.0 and r.gold.collected == r.task.test_count == r.gold.passed
+        assert r.empty.score == 0.0 and r.empty.passed == 0
+    print(f"\nwhole-suite preflight ({len(SUITE)} tasks, gold + empty): {took:.1f}s")
+
+
+def test_preflight_catches_broken_gold_and_wrong_count(tmp_path):
+    """The check can fail: a gold with a bug and a wrong declared count are reported."""
+    root = tmp_path / "lru"
+    shutil.copytree(builtin_suite_dir() / "micro-lru-cache", root)
+    gold = root / "gold" / "lru.py"
+    gold.write_text(gold.read_text().replace("self.hits += 1", "self.hits += 2"))
+    toml = root / "task.toml"
+    toml.write_text(toml.read_text().replace("test_count = 12", "test_count = 13"))
+    result = check_task(load_task(root))
+    assert not result.ok
+    assert result.gold.passed == 11 and result.gold.counts.failed == 1
+    assert "gold scores" in " ".join(result.problems)
+    assert "declared 13 tests but 12 collected" in result.problems
+
+
+def test_parse_junit_counts_outcomes(tmp_path):
+    report = tmp_path / "r.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase name="a"/><testcase name="b"><failure message="x"/></testcase>'
+        '<testcase name="c"><error message="collection failure"/></testcase>'
+        '<testcase name="d"><skipped/></testcase><testcase name="e"/>'
+        "</testsuite></testsuites>"
+    )
+    counts = parse_junit(report)
+    assert (counts.passed, counts.failed, counts.errors, counts.skipped) == (2, 1, 1, 1)
+    assert counts.collected == 5

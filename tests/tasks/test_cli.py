@@ -1,0 +1,58 @@
+"""`gyre tasks list` and `gyre tasks check` through their argparse entry points."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+
+import pytest
+
+from gyre_env.tasks import builtin_suite_dir
+from gyre_env.tasks.cli import add_commands
+
+
+def gyre(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="gyre")
+    add_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(list(argv))
+    return args.func(args)
+
+
+def test_list_table(capsys):
+    assert gyre("tasks", "list") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["id", "tier", "domain", "tests", "spec", "words"]
+    row = next(line for line in lines if line.startswith("micro-lru-cache "))
+    assert row.split() == ["micro-lru-cache", "micro", "data-structures", "12", row.split()[-1]]
+    assert lines[-1].startswith("12 tasks, ")
+
+
+def test_list_tier_filter(capsys):
+    gyre("tasks", "list", "--tier", "repo")
+    out = capsys.readouterr().out
+    assert "repo-minikv" in out and "micro-lru-cache" not in out
+    assert out.splitlines()[-1].startswith("2 tasks")
+
+
+def test_check_one_task_passes(capsys):
+    assert gyre("tasks", "check", "--task", "micro-roman-numerals") == 0
+    out = capsys.readouterr().out
+    assert "PASS micro-roman-numerals: gold 10/10 passed, 10 collected; empty 0/10" in out
+    assert "1 passed, 0 failed" in out
+
+
+def test_check_fails_on_broken_suite_folder(tmp_path, capsys):
+    suite = tmp_path / "suite"
+    shutil.copytree(builtin_suite_dir() / "micro-rational", suite / "micro-rational")
+    gold = suite / "micro-rational" / "gold" / "rational.py"
+    gold.write_text(gold.read_text().replace("return Rational(-self._n, self._d)", "return self"))
+    assert gyre("tasks", "check", "--suite", str(suite)) == 1
+    out = capsys.readouterr().out
+    assert "FAIL micro-rational" in out and "0 passed, 1 failed" in out
+
+
+def test_unknown_suite_and_bad_option():
+    with pytest.raises(SystemExit, match="Did you mean 'builtin'"):
+        gyre("tasks", "list", "--suite", "bultin")
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        gyre("tasks", "list", "-o", "novalue")
