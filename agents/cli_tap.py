@@ -134,10 +134,12 @@ class CliAgent:
     def _start(self, ctx: EpisodeContext, sandbox) -> None:
         prompt = base64.b64encode(str(ctx.observation).encode()).decode()
         setup = f"mkdir -p {STATE_DIR}/home && echo {prompt} | base64 -d > {STATE_DIR}/prompt.md"
-        inner = f"{self.config.command}\necho $? > {STATE_DIR}/rc"
+        # The inner bash leads its own session: its pid is the process group to kill.
+        inner = f"echo $$ > {STATE_DIR}/pid\n{self.config.command}\necho $? > {STATE_DIR}/rc"
         launch = (
-            f"{setup} && setsid bash -c {shlex.quote(inner)} < /dev/null "
-            f"> {STATE_DIR}/stdout 2> {STATE_DIR}/stderr & echo $! > {STATE_DIR}/pid"
+            f"{setup} || exit 1\nsetsid bash -c {shlex.quote(inner)} < /dev/null "
+            f"> {STATE_DIR}/stdout 2> {STATE_DIR}/stderr &\n"
+            f"for i in $(seq 100); do [ -s {STATE_DIR}/pid ] && exit 0; sleep 0.05; done; exit 1"
         )
         with ctx.clock.phase("tool"):
             res = sandbox.exec(launch, timeout=30, env=self._env(ctx))

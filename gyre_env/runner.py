@@ -117,6 +117,8 @@ class EpisodeResult:
     """Per step: ``tool``, ``reward``, ``cumulative``, ``partial``, ``seconds``."""
     info: dict = field(default_factory=dict)
     """JSON-safe part of the env's last ``info`` (reward breakdown, test counts)."""
+    agent_extra: dict = field(default_factory=dict)
+    """What the agent reported besides its reason (a CLI's exit code and output...)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -364,6 +366,7 @@ class Runner:
         result.end_reason = agent_result.reason.value
         result.message = agent_result.message
         result.model_calls, result.tokens = agent_result.model_calls, agent_result.tokens
+        result.agent_extra = _json_safe(agent_result.extra)
         if agent_result.reason == EndReason.CANCELLED or (
             ctx.cancel.is_set() and ctx.cancel_reason == EndReason.CANCELLED
         ):
