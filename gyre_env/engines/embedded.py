@@ -12,9 +12,9 @@ Semantics the proxy relies on:
 
 - ``pause()``: new requests raise ``EnginePausedError`` at once (the proxy's router waits
   and retries); requests already accepted, running or queued, finish.
-- ``update_weights()`` / ``release_memory()`` wait until accepted requests have finished
-  (new ones queue meanwhile, as SGLang's update lock does), so every request is sampled
-  by exactly one weight version: the one in its result.
+- ``update_weights()`` / ``release_memory()`` wait until the requests accepted before the
+  call have finished (later ones queue meanwhile, as SGLang's update lock does), so every
+  request is sampled by exactly one weight version: the one in its result.
 - ``release_memory()`` implies ``pause()``; ``resume_memory()`` reloads the weights and
   undoes that implied pause (an explicit earlier ``pause()`` stays in force).
 - A prompt that leaves no room for one new token raises ``ContextLengthError``; generation
@@ -115,6 +115,8 @@ class _Request:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     cancelled: bool = False
+    seq: int = 0
+    """Acceptance order; control actions wait for requests accepted before them."""
     weight_version: int = 0
     submitted: float = field(default_factory=time.perf_counter)
     queue_s: float = 0.0
@@ -155,7 +157,8 @@ class EmbeddedEngine:
         self._kept_state: dict | None = None  # weights to restore on resume_memory
         self._cond = threading.Condition()
         self._pending: collections.deque[_Request] = collections.deque()
-        self._control: collections.deque = collections.deque()
+        self._control: collections.deque = collections.deque()  # (fn, future, barrier seq)
+        self._next_seq = 0
         self._batch = KVBatch()
         self._mailboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._closed = False
@@ -292,12 +295,12 @@ class EmbeddedEngine:
                 return
             if not self._paused:
                 self._paused, self._pause_implied = True, True
-        await self._run_control(self._do_release, drain_pending=True)
+        await self._run_control(self._do_release)
 
     async def resume_memory(self) -> None:
         if not self._released:
             return
-        await self._run_control(self._do_resume_memory, drain_pending=False)
+        await self._run_control(self._do_resume_memory)
         with self._cond:
             if self._pause_implied:
                 self._paused, self._pause_implied = False, False
@@ -311,7 +314,7 @@ class EmbeddedEngine:
             raise TypeError(f"version must be an int, got {version!r}")
         if self._released:
             raise EngineError(f"{self.name}: memory is released; call resume_memory() first")
-        await self._run_control(lambda: self._do_update(source, version), drain_pending=False)
+        await self._run_control(lambda: self._do_update(source, version))
 
     async def health(self) -> dict:
         with self._cond:
@@ -359,6 +362,7 @@ class EmbeddedEngine:
                 raise EngineError(f"{self.name} is closed")
             if self._paused:
                 raise EnginePausedError(f"{self.name} is paused")
+            req.seq, self._next_seq = self._next_seq, self._next_seq + 1
             self._pending.append(req)
             self._cond.notify_all()
         return req
@@ -379,12 +383,13 @@ class EmbeddedEngine:
                     f"prompt_ids[{i}] = {t!r} is not a token id in [0, {self.vocab_size})"
                 )
 
-    async def _run_control(self, fn: Callable[[], None], drain_pending: bool) -> None:
+    async def _run_control(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the worker once every request accepted before this call has finished."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
             if self._closed:
                 raise EngineError(f"{self.name} is closed")
-            self._control.append((fn, future, drain_pending))
+            self._control.append((fn, future, self._next_seq))
             self._cond.notify_all()
         await asyncio.wrap_future(future)
 
@@ -418,18 +423,20 @@ class EmbeddedEngine:
     def _next_work(self) -> tuple[tuple | None, list[_Request]]:
         """Under the lock: a control action to run now, or the requests to prefill now.
 
-        A waiting control action first lets the running batch finish (admitting nothing
-        new), or, when it drains the queue too (release), everything accepted so far.
+        A waiting control action is a barrier: requests accepted before it are served
+        first, later ones wait until it has run (the queue is in acceptance order).
         """
+        barrier = None
         if self._control:
-            _, _, drain_pending = self._control[0]
-            if not self._batch.rows and not (drain_pending and self._pending):
+            barrier = self._control[0][2]
+            older_pending = bool(self._pending) and self._pending[0].seq < barrier
+            if not self._batch.rows and not older_pending:
                 fn, future, _ = self._control.popleft()
                 return (fn, future), []
-            if not drain_pending:
-                return None, []
         admit = []
         while self._pending and len(self._batch) + len(admit) < self._max_batch:
+            if barrier is not None and self._pending[0].seq >= barrier:
+                break
             req = self._pending.popleft()
             if not req.cancelled:
                 admit.append(req)

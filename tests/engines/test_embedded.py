@@ -278,6 +278,26 @@ def test_update_waits_for_running_requests(tiny_path, prompts):
         engine.close()
 
 
+def test_update_is_a_barrier_between_earlier_and_later_requests(tiny_path, prompts):
+    engine = EmbeddedEngine(model_path=str(tiny_path), max_batch_size=1)  # the rest queue
+
+    async def scenario():
+        earlier = [asyncio.create_task(engine.generate(p, GREEDY)) for p in prompts[:3]]
+        await asyncio.sleep(0)  # all three are accepted; two wait in the queue
+        update = asyncio.create_task(engine.update_weights(_perturbed_state(engine), version=1))
+        await asyncio.sleep(0)
+        later = await engine.generate(prompts[3], GREEDY)
+        await update
+        return await asyncio.gather(*earlier), later
+
+    try:
+        earlier, later = asyncio.run(scenario())
+        assert [r.weight_version for r in earlier] == [0, 0, 0]
+        assert later.weight_version == 1
+    finally:
+        engine.close()
+
+
 def test_release_and_resume_memory_keep_updated_weights(tiny_path, prompts):
     engine = EmbeddedEngine(model_path=str(tiny_path))
     try:
