@@ -118,8 +118,6 @@ class _Request:
     seq: int = 0
     """Acceptance order; control actions wait for requests accepted before them."""
     weight_version: int = 0
-    submitted: float = field(default_factory=time.perf_counter)
-    queue_s: float = 0.0
     prefill_s: float = 0.0
     decode_started: float = 0.0
     decode_s: float = 0.0
@@ -154,7 +152,8 @@ class EmbeddedEngine:
         self._paused = False
         self._pause_implied = False
         self._released = False
-        self._kept_state: dict | None = None  # weights to restore on resume_memory
+        self._weights_modified = False  # state-dict updates since loading model_path
+        self._offloaded: dict | None = None  # those weights, kept on CPU while released
         self._cond = threading.Condition()
         self._pending: collections.deque[_Request] = collections.deque()
         self._control: collections.deque = collections.deque()  # (fn, future, barrier seq)
@@ -408,14 +407,20 @@ class EmbeddedEngine:
                 if control is not None:
                     self._run_control_item(*control)
                     continue
-                try:
-                    for req in admit:
+                for req in admit:
+                    try:
                         self._prefill(req)
+                    except Exception as e:  # noqa: BLE001 - fail this request, keep serving
+                        self._post(req, self._error(e, "prefill"))
+                try:
                     if self._batch.rows:
                         self._decode_step()
-                except Exception as e:  # noqa: BLE001 - fail the requests, keep serving
-                    self._fail_all(EngineError(f"{self.name} failed: {type(e).__name__}: {e}"))
+                except Exception as e:  # noqa: BLE001 - fail the batch, keep serving
+                    self._fail_all(self._error(e, "decode"))
         self._fail_all(EngineError(f"{self.name} is closed"))
+
+    def _error(self, e: Exception, stage: str) -> EngineError:
+        return EngineError(f"{self.name} failed in {stage}: {type(e).__name__}: {e}")
 
     def _has_work(self) -> bool:
         return bool(self._closed or self._batch.rows or self._control or self._pending)
@@ -453,7 +458,6 @@ class EmbeddedEngine:
     def _prefill(self, req: _Request) -> None:
         torch = self._torch
         start = time.perf_counter()
-        req.queue_s = start - req.submitted
         req.generator = make_generator(req.params, self.device)
         req.weight_version = self._weight_version
         cache = new_cache(self._model.config)
@@ -547,7 +551,7 @@ class EmbeddedEngine:
                 )
             self._model = model
             self.model_path = folder
-            self._kept_state = None
+            self._weights_modified = False
             gc.collect()
         else:
             if isinstance(source, torch.nn.Module):
@@ -574,11 +578,13 @@ class EmbeddedEngine:
         with self._torch.no_grad():
             for name, tensor in state.items():
                 own[name].copy_(tensor.to(own[name].device, own[name].dtype))
-        self._kept_state = "modified"  # weights differ from model_path: keep them on release
+        self._weights_modified = True
 
     def _do_release(self) -> None:
-        if self._kept_state is not None:
-            self._kept_state = {
+        """Drop the weights; updated ones are first copied to CPU (reloading model_path
+        would lose them), unmodified ones are simply reloaded on resume."""
+        if self._weights_modified:
+            self._offloaded = {
                 k: v.detach().to("cpu", copy=True) for k, v in self._model.state_dict().items()
             }
         self._model = None
@@ -589,6 +595,7 @@ class EmbeddedEngine:
 
     def _do_resume_memory(self) -> None:
         self._model = self._load(self.model_path)
-        if isinstance(self._kept_state, dict):
-            self._load_state(self._kept_state)
+        if self._offloaded is not None:
+            self._load_state(self._offloaded)
+            self._offloaded = None
         self._released = False

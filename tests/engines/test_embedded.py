@@ -164,6 +164,38 @@ def test_bad_requests_name_the_problem(engine):
         asyncio.run(engine.generate([1], SamplingParams(max_new_tokens=0)))
 
 
+def test_a_failing_prefill_fails_only_its_request(tiny_path, prompts):
+    """Fault injection: the model raises on one prompt length (as an OOM on a long prompt would)."""
+    from gyre_env.engines.base import EngineError
+
+    engine = EmbeddedEngine(model_path=str(tiny_path))
+    real_model = engine._model
+
+    class Faulty:
+        config = real_model.config
+
+        def __call__(self, **kwargs):
+            if kwargs["input_ids"].shape[1] == 7:
+                raise RuntimeError("out of memory (injected)")
+            return real_model(**kwargs)
+
+    try:
+        expected = asyncio.run(engine.generate(prompts[0], GREEDY)).output_ids
+        engine._model = Faulty()
+
+        async def scenario():
+            good = asyncio.create_task(engine.generate(prompts[0], GREEDY))
+            bad = asyncio.create_task(engine.generate(list(range(1, 8)), GREEDY))
+            return await asyncio.gather(good, bad, return_exceptions=True)
+
+        good, bad = asyncio.run(scenario())
+        assert isinstance(bad, EngineError) and "failed in prefill" in str(bad)
+        assert good.output_ids == expected
+    finally:
+        engine._model = real_model
+        engine.close()
+
+
 def test_pause_rejects_new_requests_and_lets_running_ones_finish(tiny_path, prompts):
     engine = EmbeddedEngine(model_path=str(tiny_path))
 
