@@ -185,6 +185,13 @@ class SGLangEngine:
             return ""
         return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
 
+    async def aclose(self) -> None:
+        """Close this loop's HTTP connections, then ``close()``."""
+        if self._client_cache is not None and self._client_cache[0] is asyncio.get_running_loop():
+            await self._client_cache[1].aclose()
+            self._client_cache = None
+        await asyncio.to_thread(self.close)
+
     def close(self) -> None:
         """Stop a launched server (its whole process group); attached servers are left alone."""
         proc, self._process = self._process, None
@@ -475,11 +482,17 @@ class SGLangEngine:
         return self._weight_version
 
     async def health(self) -> dict:
-        try:
-            resp = await self._client().get(self.url + "/health", timeout=30.0)
-            alive, code = resp.status_code == 200, resp.status_code
-        except self._httpx.HTTPError as e:
-            alive, code = False, f"{type(e).__name__}"
+        """Probe ``/health`` (SGLang answers it by generating one token), except while
+        released, when only a launched server's process is checked."""
+        if self._released:
+            alive = self._process is None or self._process.poll() is None
+            code: int | str = "not probed (released)"
+        else:
+            try:
+                resp = await self._client().get(self.url + "/health", timeout=30.0)
+                alive, code = resp.status_code == 200, resp.status_code
+            except self._httpx.HTTPError as e:
+                alive, code = False, type(e).__name__
         status = "released" if self._released else "paused" if self._paused else "ok"
         return {
             "name": self.name,
