@@ -77,6 +77,7 @@ class ProxyCore:
         sink: RecordSink | None = None,
         classifier: BranchClassifier = default_classifier,
         default_max_tokens: int = 1024,
+        max_new_tokens_cap: int | None = None,
         verify_render: bool = False,
         max_sessions: int = 4096,
         max_calls_per_session: int = 512,
@@ -88,6 +89,7 @@ class ProxyCore:
         self.sink = sink
         self.classifier = classifier
         self.default_max_tokens = default_max_tokens
+        self.max_new_tokens_cap = max_new_tokens_cap
         self.verify_render = verify_render
         self.metrics = ProxyMetrics()
 
@@ -115,6 +117,8 @@ class ProxyCore:
                 code="context_length_exceeded",
             )
         wanted = req.max_tokens or self.default_max_tokens
+        if self.max_new_tokens_cap is not None:
+            wanted = min(wanted, self.max_new_tokens_cap)
         params = SamplingParams(
             max_new_tokens=min(wanted, room),
             temperature=req.temperature,

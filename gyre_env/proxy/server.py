@@ -71,6 +71,9 @@ class ProxyConfig:
     """Larger bodies get 413 (a 128k-token conversation is a few MB)."""
     default_max_tokens: int = 1024
     """Generation limit when an OpenAI request gives none (always capped by the context)."""
+    max_new_tokens_cap: int | None = None
+    """If set, no call generates more than this, whatever it asks (a rollout budget:
+    Claude Code asks for 128000)."""
     wait_timeout_s: float = 600.0
     """How long a call waits for a replica while all are paused before it gets 503."""
     ping_interval_s: float = 5.0
@@ -342,6 +345,7 @@ class ProxyServer:
             sink=sink,
             classifier=classifier,
             default_max_tokens=config.default_max_tokens,
+            max_new_tokens_cap=config.max_new_tokens_cap,
             verify_render=config.verify_render,
             max_sessions=config.max_sessions,
             max_calls_per_session=config.max_calls_per_session,
