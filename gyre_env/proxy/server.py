@@ -418,12 +418,24 @@ class ProxyServer:
             threading.Event().wait(0.01)
         return self
 
-    def serve(self) -> None:
-        """Serve in the foreground until interrupted."""
+    def serve(self, before=None) -> None:
+        """Serve in the foreground until interrupted; ``before`` is an optional coroutine
+        function run on the server's loop first (e.g. starting engines)."""
         self._bind()
         self._server = self._uvicorn_server()
-        log.warning("gyre proxy listening on %s", self.base_url)
-        asyncio.run(self._server.serve(sockets=[self._sock]))
+
+        async def main() -> None:
+            self.loop = asyncio.get_running_loop()
+            if before is not None:
+                await before()
+            print(f"gyre proxy listening on {self.base_url}", flush=True)
+            await self._server.serve(sockets=[self._sock])
+
+        try:
+            asyncio.run(main())
+        finally:
+            if self.sink is not None:
+                self.sink.close()
 
     def call(self, coro, timeout: float = 60.0):
         """Run a coroutine on the proxy's loop from another thread (e.g. ``core.router.pause()``)."""
