@@ -88,11 +88,17 @@ def parse_junit(path: str | Path) -> TestCounts:
 
 
 def run_preflight(
-    task: Task, *, gold: bool = True, timeout_s: float | None = None
+    task: Task, *, gold: bool = True, visible: bool = False, timeout_s: float | None = None
 ) -> PreflightResult:
-    """Copy gold (or nothing) plus the hidden tests to a temp folder and run the tests."""
+    """Copy gold (or nothing) plus the hidden tests to a temp folder and run the tests.
+
+    With ``visible=True`` the visible tests and their commands are used instead, the way
+    the env's ``run_tests`` tool runs them in the agent's workspace.
+    """
     if gold and task.gold_dir is None:
         raise ValueError(f"task {task.id!r} has no gold solution")
+    if visible and not task.has_visible_tests:
+        raise ValueError(f"task {task.id!r} has no visible tests")
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"gyre-preflight-{task.id}-") as tmp:
         work = Path(tmp) / "workspace"
@@ -102,13 +108,18 @@ def run_preflight(
             shutil.copytree(task.gold_dir, work, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             work.mkdir()
-        for rel in task.remove_before_grading:
-            _remove(work / rel)
-        shutil.copytree(task.hidden_tests_dir, work, dirs_exist_ok=True)
+        if visible:
+            shutil.copytree(task.visible_tests_dir, work, dirs_exist_ok=True)
+            commands = task.visible_grading_commands(str(reports))
+        else:
+            for rel in task.remove_before_grading:
+                _remove(work / rel)
+            shutil.copytree(task.hidden_tests_dir, work, dirs_exist_ok=True)
+            commands = task.grading_commands(str(reports))
         env = _isolated_env(Path(tmp))
         counts, missing, log = TestCounts(), [], []
         deadline = start + (timeout_s or task.grading_timeout_s)
-        for cmd in task.grading_commands(str(reports)):
+        for cmd in commands:
             left = max(1.0, deadline - time.monotonic())
             log.append(_run(cmd.command, work, env, left))
             if cmd.junit_path is None:
@@ -123,7 +134,7 @@ def run_preflight(
             counts.skipped += part.skipped
     return PreflightResult(
         task_id=task.id,
-        workspace="gold" if gold else "empty",
+        workspace=("gold" if gold else "empty") + (" (visible tests)" if visible else ""),
         declared=task.test_count,
         counts=counts,
         duration_s=time.monotonic() - start,
@@ -179,6 +190,8 @@ class TaskCheck:
     task: Task
     gold: PreflightResult | None
     empty: PreflightResult
+    visible: PreflightResult | None = None
+    """The gold solution against the visible tests, for tasks that have them."""
 
     @property
     def problems(self) -> list[str]:
@@ -197,6 +210,9 @@ class TaskCheck:
                 out.append(f"gold run wrote no report: {self.gold.reports_missing}")
         if self.empty.score > 0.0:
             out.append(f"empty workspace scores {self.empty.score:.3f}")
+        v = self.visible
+        if v is not None and (v.passed == 0 or v.passed != v.collected or v.reports_missing):
+            out.append(f"gold passes {v.passed} of {v.collected} visible tests")
         return out
 
     @property
@@ -206,8 +222,10 @@ class TaskCheck:
 
 def check_task(task: Task) -> TaskCheck:
     """Run the gold and the empty-workspace preflight of one task."""
-    gold = run_preflight(task, gold=True) if task.gold_dir is not None else None
-    return TaskCheck(task=task, gold=gold, empty=run_preflight(task, gold=False))
+    has_gold = task.gold_dir is not None
+    gold = run_preflight(task, gold=True) if has_gold else None
+    visible = run_preflight(task, visible=True) if has_gold and task.has_visible_tests else None
+    return TaskCheck(task=task, gold=gold, empty=run_preflight(task, gold=False), visible=visible)
 
 
 def check_tasks(tasks: list[Task], *, workers: int | None = None) -> list[TaskCheck]:

@@ -95,6 +95,8 @@ def _cmd_check(args) -> int:
             else "no gold"
         )
         line = f"{t.id}: {gold}; empty {result.empty.passed}/{t.test_count}"
+        if result.visible is not None:
+            line += f"; visible {result.visible.passed}/{result.visible.collected}"
         if result.ok:
             print(f"PASS {line}")
         else:

@@ -83,6 +83,9 @@ def test_whole_suite_preflight():
     for r in results:
         assert r.gold.score == 1.0 and r.gold.collected == r.task.test_count == r.gold.passed
         assert r.empty.score == 0.0 and r.empty.passed == 0
+        if r.task.has_visible_tests:
+            assert r.visible.passed == r.visible.collected > 0
+    assert sum(r.visible is not None for r in results) >= 2  # the env's run_tests has data
     print(f"\nwhole-suite preflight ({len(SUITE)} tasks, gold + empty): {took:.1f}s")
 
 

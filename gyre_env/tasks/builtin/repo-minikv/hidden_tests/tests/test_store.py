@@ -319,7 +319,8 @@ def test_persist_and_nonpositive_expire(store):
             ("SET j v", Status("OK")),
             ("PEXPIRE j -5", 1),
             ("EXISTS j", 0),
-            ("EXPIRE j x", Err(NOT_INT)),
+            ("SET m v", Status("OK")),
+            ("EXPIRE m x", Err(NOT_INT)),
         ],
     )
 
