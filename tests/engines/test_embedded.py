@@ -21,14 +21,21 @@ from gyre_env.engines.embedded import EmbeddedEngine
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
 
 
-def _forward_logprobs(engine, prompt, output, temperature=1.0):
+def _forward_logprobs(model, prompt, output, temperature=1.0):
     """Log-probabilities of ``output`` after ``prompt`` from one plain forward pass."""
     import torch
 
     with torch.no_grad():
-        logits = engine._model(torch.tensor([prompt + output])).logits[0].float()
+        logits = model(torch.tensor([prompt + output])).logits[0].float()
     logp = torch.log_softmax(logits / temperature, dim=-1)
     return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(output)]
+
+
+def _forward_logprobs_of(folder, prompt, output):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype="float32")
+    return _forward_logprobs(model.eval(), prompt, output)
 
 
 def test_implements_the_engine_protocol(engine):
@@ -79,13 +86,59 @@ def test_requests_joining_a_running_batch_match_running_alone(engine, prompts):
         assert r.output_ids == asyncio.run(engine.generate(p, GREEDY)).output_ids
 
 
+def test_chunked_prefill_equals_one_shot(tiny_path, prompts):
+    long_prompt = [t for p in prompts for t in p]  # a few hundred tokens
+    engine = EmbeddedEngine(model_path=str(tiny_path), prefill_chunk_tokens=37)
+    try:
+        chunked = asyncio.run(engine.generate(long_prompt, GREEDY))
+    finally:
+        engine.close()
+    ref = _forward_logprobs_of(tiny_path, long_prompt, chunked.output_ids)
+    assert chunked.output_logprobs == pytest.approx(ref, abs=1e-4)
+
+
+def test_sliding_window_models_are_served_one_at_a_time(tmp_path):
+    """A model whose cache cannot be left-padded and merged still serves concurrent requests."""
+    import torch
+    import transformers
+
+    config = transformers.MistralConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=8,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+    )
+    torch.manual_seed(0)
+    transformers.MistralForCausalLM(config).save_pretrained(tmp_path)
+    engine = EmbeddedEngine(model_path=str(tmp_path))
+    try:
+        assert asyncio.run(engine.health())["max_batch_size"] == 1
+        prompts = [[1 + i, 5, 9, 2 * i + 3] * (i + 2) for i in range(3)]
+        alone = [asyncio.run(engine.generate(p, GREEDY)).output_ids for p in prompts]
+
+        async def together():
+            return await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
+
+        assert [r.output_ids for r in asyncio.run(together())] == alone
+        ref = _forward_logprobs(engine._model, prompts[2], alone[2])
+        result = asyncio.run(engine.generate(prompts[2], GREEDY))
+        assert result.output_logprobs == pytest.approx(ref, abs=1e-4)
+    finally:
+        engine.close()
+
+
 def test_logprobs_match_a_direct_forward_pass(engine, prompts):
     greedy = asyncio.run(engine.generate(prompts[2], GREEDY))
-    ref = _forward_logprobs(engine, prompts[2], greedy.output_ids)
+    ref = _forward_logprobs(engine._model, prompts[2], greedy.output_ids)
     assert greedy.output_logprobs == pytest.approx(ref, abs=1e-4)
     hot = SamplingParams(max_new_tokens=16, temperature=0.7, top_p=0.9, top_k=50, seed=3)
     sampled = asyncio.run(engine.generate(prompts[2], hot))
-    ref = _forward_logprobs(engine, prompts[2], sampled.output_ids, temperature=0.7)
+    ref = _forward_logprobs(engine._model, prompts[2], sampled.output_ids, temperature=0.7)
     assert sampled.output_logprobs == pytest.approx(ref, abs=1e-4)
 
 
@@ -242,7 +295,7 @@ def test_update_weights_changes_outputs_and_version(tiny_path, prompts, tmp_path
         assert engine.weight_version == 1 and after.weight_version == 1
         assert after.output_ids != before.output_ids
         assert after.output_logprobs == pytest.approx(
-            _forward_logprobs(engine, prompts[0], after.output_ids), abs=1e-4
+            _forward_logprobs(engine._model, prompts[0], after.output_ids), abs=1e-4
         )
         other = build_tiny_model(tmp_path / "seed1", TinyModelConfig(seed=1))
         asyncio.run(engine.update_weights(str(other), version=2))
