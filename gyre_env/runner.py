@@ -182,6 +182,7 @@ class Runner:
         self._active: dict[str, tuple[EpisodeContext, float]] = {}
         self._active_lock = threading.Lock()
         self._sink_lock = threading.Lock()
+        self._closers: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ public
 
@@ -195,7 +196,7 @@ class Runner:
             ctx.cancel_reason = EndReason.CANCELLED
             ctx.cancel.set()
             ctx.killed = True
-            _close_quietly(ctx.env)
+            self._closers.append(_close_in_background(ctx.env))
 
     def run(self, specs: Iterable[EpisodeSpec]) -> list[EpisodeResult]:
         """Run every spec; returns the results in the order of ``specs``."""
@@ -231,6 +232,8 @@ class Runner:
         finally:
             stop_watchdog.set()
             watchdog.join(timeout=5)
+            for closer in self._closers:  # sandboxes closed on cancel or hard limit
+                closer.join(timeout=120)
 
     # ------------------------------------------------------------------ episodes
 
@@ -414,7 +417,7 @@ class Runner:
                     with self._active_lock:
                         self._active.pop(session, None)
                     ctx.killed = True
-                    _close_quietly(ctx.env)
+                    self._closers.append(_close_in_background(ctx.env))
 
 
 def final_score(info: dict, total_reward: float) -> float:
@@ -440,6 +443,16 @@ def _close_quietly(env: Any) -> None:
         env.close()
     except Exception as e:  # closing is best effort
         log.warning("env close failed: %s", e)
+
+
+def _close_in_background(env: Any) -> threading.Thread:
+    """Close an env from another thread without waiting: a sandbox may finish the command
+    it is running before it closes."""
+    thread = threading.Thread(
+        target=_close_quietly, args=(env,), name="gyre-env-close", daemon=True
+    )
+    thread.start()
+    return thread
 
 
 def _json_safe(data: Any, depth: int = 0) -> Any:
