@@ -17,6 +17,7 @@ daemon), ``status="infra_error"`` and the score is not valid.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -190,7 +191,8 @@ _CONTROL_CACHE: dict[tuple, GradingResult] = {}
 def _control(task: Task, config: GradingConfig) -> GradingResult:
     key = (task.id, task.source, config.backend, json.dumps(config.sandbox, sort_keys=True))
     if key not in _CONTROL_CACHE:
-        result = _grade_once(task, task.gold_dir, config)
+        # The control gets the task's own time limit, not a caller's shorter override.
+        result = _grade_once(task, task.gold_dir, dataclasses.replace(config, timeout_s=None))
         if result.status == "ok" and task.gold_dir is not None and result.counts.passed == 0:
             result.status, result.reason = "suspect", "the gold solution passes no test"
         _CONTROL_CACHE[key] = result

@@ -1,0 +1,92 @@
+"""The final grader's verdicts (ok / workspace_error / infra_error) and the incremental Φ."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from conftest import GOLD, TASK_TOML, make_calc_task, write_tree
+
+from gyre_env.sandbox.local import LocalSandbox
+from gyre_env.scoring import GradingConfig, PotentialConfig, PotentialScorer, grade_workspace
+
+LOCAL = GradingConfig(backend="local")
+
+
+def test_gold_scores_one_and_empty_scores_zero(calc_task):
+    gold = grade_workspace(calc_task, calc_task.gold_dir, LOCAL)
+    assert (gold.status, gold.score, gold.passed, gold.count_mismatch) == ("ok", 1.0, 4, False)
+    empty = grade_workspace(calc_task, None, LOCAL)
+    assert (empty.status, empty.score) == ("ok", 0.0)
+    assert empty.count_mismatch  # one collection error instead of 4 cases: reported
+
+
+def test_hanging_workspace_is_the_agents_failure(calc_task, tmp_path):
+    """Tests that hang are scored against the workspace, not turned into infra_error."""
+    ws = write_tree(tmp_path / "hang", {"calc.py": "import time\ntime.sleep(600)\n"})
+    start = time.monotonic()
+    result = grade_workspace(calc_task, ws, dataclasses.replace(LOCAL, timeout_s=4))
+    assert time.monotonic() - start < 60
+    assert result.status == "workspace_error" and result.valid and result.score == 0.0
+    assert "timed out" in result.reason and result.control.status == "ok"
+
+
+def test_crashing_interpreter_is_the_agents_failure(calc_task, tmp_path):
+    ws = write_tree(tmp_path / "crash", {"calc.py": "import os\nos.kill(os.getpid(), 9)\n"})
+    result = grade_workspace(calc_task, ws, LOCAL)
+    assert (result.status, result.score) == ("workspace_error", 0.0), result.reason
+
+
+def test_grader_failing_on_gold_too_is_infra_error(tmp_path):
+    broken = TASK_TOML.replace(
+        '"python -m pytest -q tests"', '"python -m pytest --no-such-flag tests"'
+    )
+    task = make_calc_task(tmp_path / "t", broken)
+    result = grade_workspace(task, task.gold_dir, LOCAL)
+    assert result.status == "infra_error" and not result.valid and result.score == 0.0
+    assert "gold" in result.reason
+
+
+def test_unstartable_evaluator_is_infra_error(calc_task):
+    task = dataclasses.replace(calc_task, image="gyre-no-such-image:never")
+    result = grade_workspace(task, task.gold_dir, GradingConfig(backend="docker"))
+    assert result.status == "infra_error" and "evaluator" in result.reason
+
+
+@pytest.fixture
+def sandbox():
+    box = LocalSandbox()
+    yield box
+    box.close()
+
+
+def test_potential_parts_and_incremental_recheck(sandbox, calc_task):
+    scorer = PotentialScorer.for_sandbox(sandbox, calc_task)
+    assert scorer.ruff, "ruff must be found in the sandbox"
+    assert scorer.update().phi == 0.0
+    sandbox.write_file("calc.py", GOLD)
+    sandbox.write_file("broken.py", "def f(:\n")
+    sandbox.write_file("lint.py", "def g():\n    return undefined_name\n")
+    p = scorer.update()
+    assert (p.files, p.rechecked) == (3, 3)
+    assert p.syntax == pytest.approx(2 / 3) and p.lint == pytest.approx(1 / 3)
+    assert p.phi == pytest.approx(0.1 * 2 / 3 + 0.1 * 1 / 3)
+    assert scorer.update().rechecked == 0  # nothing changed: no file re-checked
+    sandbox.write_file("broken.py", "def f():\n    pass\n")
+    p = scorer.update()
+    assert p.rechecked == 1 and p.syntax == 1.0
+    sandbox.exec("rm lint.py")
+    p = scorer.update()
+    assert (p.files, p.syntax, p.lint, p.phi) == (2, 1.0, 1.0, pytest.approx(0.2))
+    sandbox.exec(f"rm -f {scorer.manifest}.old")  # lost state: a full, consistent recheck
+    assert scorer.update().rechecked == 2 and scorer.current.phi == p.phi
+
+
+def test_non_incremental_rechecks_every_file(sandbox, calc_task):
+    cfg = PotentialConfig(incremental=False)
+    scorer = PotentialScorer.for_sandbox(sandbox, calc_task, cfg)
+    for i in range(5):
+        sandbox.write_file(f"m{i}.py", "x = 1\n")
+    assert scorer.update().rechecked == 5
+    assert scorer.update().rechecked == 5
