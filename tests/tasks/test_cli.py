@@ -56,3 +56,27 @@ def test_unknown_suite_and_bad_option():
         gyre("tasks", "list", "--suite", "bultin")
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         gyre("tasks", "list", "-o", "novalue")
+
+
+def test_list_nl2repo_checkout_with_options(checkout, tmp_path, capsys):
+    """`-o KEY=VALUE` reaches the suite loader: the synthetic NL2RepoBench checkout lists."""
+    repo, upstream = checkout
+    with pytest.warns(UserWarning, match="pdfplumber-stable"):
+        code = gyre(
+            "tasks",
+            "list",
+            "--suite",
+            "nl2repo",
+            "-o",
+            f"checkout={repo}",
+            "-o",
+            f"tests={upstream}",
+            "-o",
+            f"cache_dir={tmp_path / 'cache'}",
+        )
+    assert code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:4] for line in lines[1:3]] == [
+        ["Other_Lib", "repo", "nl2repo", "1"],
+        ["mini", "repo", "nl2repo", "2"],
+    ]

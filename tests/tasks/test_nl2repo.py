@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import json
-import tarfile
-from pathlib import Path
-
 import pytest
 
 from gyre_env.tasks import TaskFormatError, load_suite
@@ -17,83 +12,6 @@ from gyre_env.tasks.nl2repo import (
     offline_pip,
     parse_spec_requirements,
 )
-
-SPEC = """## Project Introduction
-
-Build `mini`, a package with `double(x)`.
-
-## Environment Configuration
-
-### Core Dependency Library Versions
-
-```Plain
-Package        Version
--------------- -------
-attrs          23.1.0
-pip            21.0.1
-setuptools     53.0.0
-requests>=2.31
-Some_Pkg[extra]: 1.0
-mini           0.1      /workspace
-```
-
-## Project Architecture
-
-numpy 1.0 here is prose and must not count.
-"""
-
-MINI_TESTS = {
-    "tests/test_mini.py": "from mini import double\n\n"
-    "def test_double():\n    assert double(2) == 4\n\n"
-    "def test_zero():\n    assert double(0) == 0\n",
-    "tests/data/sample.txt": "x\n",
-}
-
-
-def _task_dir(root: Path, name: str, spec: str | None, tests: list[str], count: int) -> None:
-    d = root / "test_files" / name
-    d.mkdir(parents=True)
-    if spec is None:
-        (d / "start.md.download_failed.txt").write_text("download failed")
-    else:
-        (d / "start.md").write_text(spec)
-    (d / "test_case_count.txt").write_text(f"{count}\n")
-    (d / "test_commands.json").write_text(
-        json.dumps(["pip install -e .", "pytest --continue-on-collection-errors tests"])
-    )
-    (d / "test_files.json").write_text(json.dumps(tests))
-
-
-def _sdist(path: Path, top: str, files: dict[str, str]) -> None:
-    with tarfile.open(path, "w:gz") as tf:
-        for rel, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(f"{top}/{rel}")
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-
-
-@pytest.fixture
-def checkout(tmp_path: Path) -> tuple[Path, Path]:
-    """A checkout with three tasks: one from an sdist, one from a folder, one broken."""
-    repo = tmp_path / "NL2RepoBench"
-    _task_dir(repo, "mini", SPEC, ["tests"], 2)
-    _task_dir(repo, "Other_Lib", "# Other\n\nNo dependency section.\n", ["test_other.py"], 1)
-    _task_dir(repo, "pdfplumber-stable", None, ["tests"], 10)
-    upstream = tmp_path / "upstream"
-    upstream.mkdir()
-    _sdist(
-        upstream / "mini-0.1.tar.gz",
-        "mini-0.1",
-        {
-            **MINI_TESTS,
-            "mini/__init__.py": "def double(x):\n    return 2 * x\n",
-            "pyproject.toml": "[project]\nname='mini'\n",
-        },
-    )
-    (upstream / "other-lib").mkdir()
-    (upstream / "other-lib" / "test_other.py").write_text("def test_x():\n    pass\n")
-    return repo, upstream
 
 
 def test_loads_tasks_and_skips_missing_spec_with_warning(checkout, tmp_path):
@@ -114,8 +32,8 @@ def test_loads_tasks_and_skips_missing_spec_with_warning(checkout, tmp_path):
     assert other.hidden_test_paths == ["test_other.py"] and other.requirements == []
 
 
-def test_spec_dependency_section_becomes_requirements():
-    assert parse_spec_requirements(SPEC) == [
+def test_spec_dependency_section_becomes_requirements(nl2repo_spec):
+    assert parse_spec_requirements(nl2repo_spec) == [
         "attrs==23.1.0",
         "requests>=2.31",
         "Some_Pkg[extra]==1.0",
