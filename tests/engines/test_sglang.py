@@ -144,24 +144,25 @@ def test_pause_holds_running_requests_until_continue(fake):
         chunks = []
 
         async def consume():
-            async for c in engine.stream(PROMPT, SamplingParams(max_new_tokens=30)):
+            async for c in engine.stream(PROMPT, SamplingParams(max_new_tokens=150)):
                 chunks.append(c)
 
         task = asyncio.create_task(consume())
-        await asyncio.sleep(0.1)
+        while len(chunks) < 3:
+            await asyncio.sleep(0.005)
         await engine.pause()
         with pytest.raises(EnginePausedError):
             await engine.generate(PROMPT, SamplingParams(max_new_tokens=2))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)  # a token already on the wire may still land
         held = len(chunks)
-        await asyncio.sleep(0.2)
-        assert len(chunks) == held < 30  # nothing moves while paused
+        await asyncio.sleep(0.3)
+        assert len(chunks) == held < 150  # nothing moves while paused
         await engine.resume()
         await task
         return chunks
 
     chunks = asyncio.run(scenario())
-    assert sum(len(c.ids) for c in chunks) == 30 and chunks[-1].finish_reason == "length"
+    assert sum(len(c.ids) for c in chunks) == 150 and chunks[-1].finish_reason == "length"
     assert fake.state.received["pause_modes"] == ["in_place"]
 
 
@@ -170,14 +171,14 @@ def test_pause_mode_abort_ends_running_streams(fake):
     engine = _engine(fake, pause_mode="abort")
 
     async def scenario():
-        stream = engine.stream(PROMPT, SamplingParams(max_new_tokens=50))
+        stream = engine.stream(PROMPT, SamplingParams(max_new_tokens=500))
         first = await stream.__anext__()
         await engine.pause()
         rest = [c async for c in stream]
         return [first, *rest]
 
     chunks = asyncio.run(scenario())
-    assert chunks[-1].finish_reason == "abort" and sum(len(c.ids) for c in chunks) < 50
+    assert chunks[-1].finish_reason == "abort" and sum(len(c.ids) for c in chunks) < 500
 
 
 def test_weight_updates_from_disk_tensor_and_distributed(fake, tmp_path):
