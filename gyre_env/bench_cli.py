@@ -4,14 +4,30 @@ from __future__ import annotations
 
 import argparse
 
+DESCRIPTION = (
+    "Run an agent over a task suite through Gyre's proxy (default model: the embedded tiny "
+    "model, expect scores near 0) and report scores and where time went."
+)
+
 
 def add_commands(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="run an agent over tasks; print a table, write JSON results and an HTML report",
-        description="Run an agent over a task suite through Gyre's proxy (default model: the "
-        "embedded tiny model, expect scores near 0) and report scores and where time went.",
+        description=DESCRIPTION,
     )
+    add_arguments(p)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gyre_env.bench_cli ...``: the same as ``gyre bench ...``."""
+    p = argparse.ArgumentParser(prog="gyre bench", description=DESCRIPTION)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("env_id", nargs="?", default="Gyre/NL2Repo-v0", help="Gymnasium env id")
     p.add_argument(
         "--agent",
@@ -86,3 +102,9 @@ def _bench(args: argparse.Namespace) -> int:
         print(json.dumps(run.summary, indent=1))
     bad = run.summary["outcomes"].get("infra_error", 0)
     return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -225,10 +225,13 @@ class Runner:
                 self.config.parallel, thread_name_prefix="gyre-episode"
             ) as pool:
                 futures = [pool.submit(one, spec) for spec in specs]
-                return [f.result() for f in futures]
-        except BaseException:
-            self.cancel()
-            raise
+                try:
+                    return [f.result() for f in futures]
+                except BaseException:  # KeyboardInterrupt, SIGTERM turned into one, a bug
+                    self.cancel()  # before the pool's exit waits for the running episodes
+                    for f in futures:
+                        f.cancel()
+                    raise
         finally:
             stop_watchdog.set()
             watchdog.join(timeout=5)

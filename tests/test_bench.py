@@ -1,0 +1,127 @@
+"""``gyre bench`` end to end (real env, Docker sandboxes, grading), and what a killed bench
+leaves behind. ``python -m gyre_env.bench_cli`` is the same code as ``gyre bench``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gyre_env import bench_cli
+from gyre_env.bench import select_tasks
+
+pytestmark = pytest.mark.docker
+
+
+def _containers_of(pid: int):
+    from gyre_env.sandbox.docker import LABEL_KIND, docker_client
+
+    return docker_client().containers.list(
+        all=True, filters={"label": [LABEL_KIND, f"gyre.owner_pid={pid}"]}
+    )
+
+
+def test_gold_agent_scores_one_on_the_micro_tier(tmp_path, capsys):
+    """The scripted gold agent through ``gyre bench`` solves every micro task; the JSON
+    results, streamed JSONL and HTML report (three embedded plots) are written."""
+    out = tmp_path / "bench"
+    rc = bench_cli.main(
+        [
+            "--agent",
+            "scripted",
+            "--tasks",
+            "micro",
+            "--parallel",
+            "3",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    data = json.loads((out / "results.json").read_text())
+    summary = data["summary"]
+    assert summary["episodes"] == summary["solved"] == summary["valid"] >= 6
+    assert summary["mean_score"] == 1.0 and summary["outcomes"] == {"success": summary["episodes"]}
+    assert all(
+        r["score"] == 1.0 and r["total_reward"] == pytest.approx(1.0) for r in data["results"]
+    )
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == summary["episodes"]
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3
+    printed = capsys.readouterr().out
+    assert "micro-lru-cache" in printed and "mean score 1.000" in printed
+
+
+def test_task_selection_errors_name_the_problem():
+    with pytest.raises(ValueError, match="did you mean 'micro-lru-cache'"):
+        select_tasks("micro-lru-cach")
+    assert {t.tier for t in select_tasks("micro")} == {"micro"}
+    assert [t.id for t in select_tasks("micro-rational,micro-lru-cache")] == [
+        "micro-lru-cache",
+        "micro-rational",
+    ]
+
+
+def _start_bench(tmp_path, sleep_s: int) -> subprocess.Popen:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"name": "bash", "arguments": {"command": f"sleep {sleep_s}"}}]))
+    cmd = [
+        sys.executable,
+        "-m",
+        "gyre_env.bench_cli",
+        "--agent",
+        "scripted",
+        "--script",
+        str(script),
+        "--tasks",
+        "micro-lru-cache,micro-rational",
+        "--parallel",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 90
+    while len([c for c in _containers_of(proc.pid) if c.status == "running"]) < 2:
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "the bench never started its sandboxes"
+        time.sleep(0.2)
+    time.sleep(0.5)  # the agents are inside their `sleep`
+    return proc
+
+
+def test_sigkilled_bench_leaves_nothing_after_the_reaper(tmp_path):
+    """SIGKILL cannot be caught: the containers outlive the process until the reaper
+    (``gyre sandbox gc``; also run when any later sandbox starts) removes them."""
+    from gyre_env.sandbox.docker import reap
+
+    proc = _start_bench(tmp_path, 60)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert _containers_of(proc.pid)  # leaked until reaped
+    reap()
+    deadline = time.monotonic() + 15  # another process's reaper may be removing them too
+    while (left := _containers_of(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        reap()
+    assert left == [], [(c.name, c.status) for c in left]
+
+
+def test_sigterm_cancels_the_bench_and_closes_its_sandboxes(tmp_path):
+    """SIGTERM cancels the run: episodes end, sandboxes are closed, exit status 130."""
+    proc = _start_bench(tmp_path, 5)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=90)[0].decode()
+    assert proc.returncode == 130, output[-3000:]
+    assert time.monotonic() - start < 60
+    assert _containers_of(proc.pid) == []
+    assert not os.path.exists(tmp_path / "out" / "report.html")  # no report for a cancelled run
