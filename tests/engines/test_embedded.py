@@ -67,22 +67,25 @@ def test_concurrent_batched_greedy_equals_sequential(engine, prompts):
 
 
 def test_requests_joining_a_running_batch_match_running_alone(engine, prompts):
-    async def staggered():
-        first = asyncio.create_task(
-            engine.generate(prompts[7], SamplingParams(max_new_tokens=40, temperature=0))
-        )
-        await asyncio.sleep(0.05)  # the first is mid-decode when the others join
-        rest = [engine.generate(p, GREEDY) for p in prompts[:3]]
-        return await asyncio.gather(first, *rest)
+    long = SamplingParams(max_new_tokens=40, temperature=0)
 
-    results = asyncio.run(staggered())
-    assert (
-        results[0].output_ids
-        == asyncio.run(
-            engine.generate(prompts[7], SamplingParams(max_new_tokens=40, temperature=0))
-        ).output_ids
-    )
-    for p, r in zip(prompts[:3], results[1:], strict=True):
+    async def staggered():
+        first = []
+
+        async def run_first():
+            async for chunk in engine.stream(prompts[7], long):
+                first.extend(chunk.ids)
+
+        task = asyncio.create_task(run_first())
+        while len(first) < 3:  # the first is mid-decode when the others join
+            await asyncio.sleep(0.001)
+        rest = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts[:3]))
+        await task
+        return first, rest
+
+    first, rest = asyncio.run(staggered())
+    assert first == asyncio.run(engine.generate(prompts[7], long)).output_ids
+    for p, r in zip(prompts[:3], rest, strict=True):
         assert r.output_ids == asyncio.run(engine.generate(p, GREEDY)).output_ids
 
 
