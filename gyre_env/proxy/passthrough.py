@@ -22,7 +22,13 @@ from gyre_env._optional import require
 from gyre_env.proxy.chat import ChatRequest, RequestError
 from gyre_env.proxy.records import CallRecord, RecordSink
 from gyre_env.proxy.render import reply_key
-from gyre_env.proxy.sessions import BranchClassifier, CallContext, chain_hashes, default_classifier
+from gyre_env.proxy.sessions import (
+    BranchClassifier,
+    CallContext,
+    chain_hashes,
+    default_classifier,
+    reply_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +70,8 @@ class UpstreamConfig:
 class _TextSession:
     calls: int = 0
     branches: int = 0
-    by_reply: dict = field(default_factory=dict)
-    """reply hash -> (call_index, branch, role, claimed flag holder)"""
+    by_prompt: dict = field(default_factory=dict)
+    """prompt hash -> finished calls with that prompt: {index, branch, role, reply, claimed}"""
 
 
 class Passthrough:
@@ -101,9 +107,19 @@ class Passthrough:
             index, parent = state.calls, None
             state.calls += 1
             for i in range(len(req.messages) - 1, 0, -1):
-                parent = state.by_reply.get(hashes[i])
-                if parent is not None:
-                    break
+                msg = req.messages[i - 1]
+                if msg["role"] == "assistant" and hashes[i - 1] in state.by_prompt:
+                    reply = reply_of(msg)
+                    parent = next(
+                        (
+                            c
+                            for c in reversed(state.by_prompt[hashes[i - 1]])
+                            if c["reply"] == reply
+                        ),
+                        None,
+                    )
+                    if parent is not None:
+                        break
             if parent is not None and parent["role"] == role and not parent["claimed"]:
                 parent["claimed"], branch = True, parent["branch"]
             else:
@@ -224,19 +240,16 @@ class Passthrough:
     ) -> None:
         ok = 200 <= status < 300 and error is None
         if ok:
-            key = hash(
-                (
-                    plan["prompt_hash"],
-                    ("assistant", reply_key(text, [(c["name"], c["arguments"]) for c in calls])),
-                )
-            )
+            reply = reply_key(text, [(c["name"], c["arguments"]) for c in calls])
+            entry = {
+                "index": plan["index"],
+                "branch": plan["branch"],
+                "role": plan["role"],
+                "reply": reply,
+                "claimed": False,
+            }
             with self._lock:
-                plan["state"].by_reply[key] = {
-                    "index": plan["index"],
-                    "branch": plan["branch"],
-                    "role": plan["role"],
-                    "claimed": False,
-                }
+                plan["state"].by_prompt.setdefault(plan["prompt_hash"], []).append(entry)
         if self.sink is None:
             return
         ids = ids or {}

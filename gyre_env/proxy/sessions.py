@@ -63,23 +63,54 @@ def default_classifier(ctx: CallContext) -> BranchRole:
 
 
 def message_key(msg: dict) -> tuple:
-    """Hashable identity of one internal message (assistant ids of tool calls excluded)."""
-    if msg["role"] == "assistant":
-        calls = [
-            (c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or ()
-        ]
-        return ("assistant", reply_key(msg.get("content") or "", calls))
+    """Hashable identity of one internal message, exactly as the client sent it.
+
+    Exact (no whitespace normalisation) so that hashing a 128k-token conversation costs a
+    memory pass; only the one assistant message that may be a previous reply is compared
+    loosely (:func:`reply_of`)."""
+    calls = msg.get("tool_calls")
+    calls_key = (
+        tuple((c["function"]["name"], _canonical(c["function"]["arguments"])) for c in calls)
+        if calls
+        else ()
+    )
     return (
         msg["role"],
         msg.get("content") or "",
         msg.get("tool_call_id") or "",
         msg.get("name") or "",
+        msg.get("reasoning_content") or "",
+        calls_key,
     )
+
+
+def reply_of(msg: dict) -> tuple:
+    """Loose identity of an assistant message, to match it with a reply the proxy gave."""
+    calls = [
+        (c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls") or ()
+    ]
+    return reply_key(msg.get("content") or "", calls)
+
+
+def _canonical(args) -> str:
+    return args if isinstance(args, str) else _dumps_sorted(args)
+
+
+try:
+    import orjson
+
+    def _dumps_sorted(obj) -> str:
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
+
+except ImportError:  # pragma: no cover - depends on the environment
+
+    def _dumps_sorted(obj) -> str:
+        return json.dumps(obj, sort_keys=True)
 
 
 def chain_hashes(messages: list[dict], tools: list[dict] | None) -> list[int]:
     """``h[i]`` identifies (tools, messages[:i]); cost is one pass over the messages."""
-    tools_blob = json.dumps(tools, sort_keys=True) if tools else ""
+    tools_blob = _dumps_sorted(tools) if tools else ""
     h = [hash(("tools", tools_blob))]
     for msg in messages:
         h.append(hash((h[-1], message_key(msg))))
@@ -94,7 +125,8 @@ class Node:
     branch: str
     role: BranchRole
     prompt_hash: int
-    reply_hash: int
+    reply: tuple
+    """:func:`reply_key` of the answer this call returned."""
     n_prompt: int
     n_total: int
     closing: str
@@ -138,8 +170,8 @@ class Session:
     calls: int = 0
     branches: int = 0
     nodes: OrderedDict = field(default_factory=OrderedDict)
-    by_reply: dict = field(default_factory=dict)
     by_prompt: dict = field(default_factory=dict)
+    """prompt hash -> calls with exactly that prompt (oldest first)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def plan(
@@ -153,10 +185,10 @@ class Session:
     ) -> PromptPlan:
         """Choose the parent call and build the prompt ids (reusing the parent's ids)."""
         hashes = chain_hashes(messages, tools)
-        node, i, ids = None, 0, None
         with self.lock:
             same = self.by_prompt.get(hashes[-1])
-            if same is not None:  # the same prompt again (a retry, or several samples)
+            if same:  # the same prompt again (a retry, or several samples)
+                same = same[-1]
                 return PromptPlan(
                     prompt_ids=same.full_ids()[: same.n_prompt],
                     parent=same.parent,
@@ -166,12 +198,8 @@ class Session:
                     prompt_hash=hashes[-1],
                     new_branch=True,
                 )
-            for i in range(len(messages) - 1, 0, -1):
-                node = self.by_reply.get(hashes[i])
-                if node is not None and messages[i - 1]["role"] == "assistant":
-                    ids = node.full_ids()
-                    break
-                node = None
+            node, i = self._find_parent(messages, hashes)
+            ids = node.full_ids() if node is not None else None
         if node is None:
             prompt_ids = renderer.encode(renderer.render(messages, tools))
             with self.lock:
@@ -209,6 +237,20 @@ class Session:
             render_mismatch=mismatch,
         )
 
+    def _find_parent(self, messages: list[dict], hashes: list[int]) -> tuple[Node | None, int]:
+        """The latest call whose prompt is ``messages[:i-1]`` and whose reply is
+        ``messages[i-1]``, for the largest such ``i`` (the caller holds the lock)."""
+        for i in range(len(messages) - 1, 0, -1):
+            if messages[i - 1]["role"] != "assistant":
+                continue
+            candidates = self.by_prompt.get(hashes[i - 1])
+            if candidates:
+                reply = reply_of(messages[i - 1])
+                for node in reversed(candidates):
+                    if node.reply == reply:
+                        return node, i
+        return None, 0
+
     def _new_branch(self) -> str:
         """A fresh branch id; the caller holds the lock."""
         name = f"b{self.branches}"
@@ -238,7 +280,7 @@ class Session:
             branch=plan.branch,
             role=plan.role,
             prompt_hash=plan.prompt_hash,
-            reply_hash=hash((plan.prompt_hash, ("assistant", reply))),
+            reply=reply,
             n_prompt=len(plan.prompt_ids),
             n_total=len(total),
             closing=closing,
@@ -251,17 +293,17 @@ class Session:
             if parent is not None and not plan.new_branch and parent.ids is not None:
                 parent.ids, parent.holder = None, node  # the child's ids start with the parent's
             self.nodes[call_index] = node
-            self.by_reply[node.reply_hash] = node
-            self.by_prompt[node.prompt_hash] = node
+            self.by_prompt.setdefault(node.prompt_hash, []).append(node)
             while len(self.nodes) > self.max_nodes:
                 self._forget(self.nodes.popitem(last=False)[1])
         return node
 
     def _forget(self, node: Node) -> None:
-        if self.by_reply.get(node.reply_hash) is node:
-            del self.by_reply[node.reply_hash]
-        if self.by_prompt.get(node.prompt_hash) is node:
-            del self.by_prompt[node.prompt_hash]
+        same = self.by_prompt.get(node.prompt_hash)
+        if same is not None:
+            same.remove(node)
+            if not same:
+                del self.by_prompt[node.prompt_hash]
 
 
 def _leading_system(messages: list[dict]) -> list[dict]:
