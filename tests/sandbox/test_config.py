@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -50,10 +51,14 @@ def test_the_local_backend_warns_loudly(caplog):
 def test_a_missing_image_is_a_clear_error_and_leaves_nothing(make):
     from gyre_env.sandbox.docker import docker_client
 
-    before = {c.id for c in docker_client().containers.list(all=True)}
+    def ours() -> set[str]:  # other test sessions may start containers meanwhile
+        mine = {"label": f"gyre.owner_pid={os.getpid()}"}
+        return {c.id for c in docker_client().containers.list(all=True, filters=mine)}
+
+    before = ours()
     with pytest.raises(SandboxError, match="gyre-no-such-image:latest.*gyre images build"):
         make("docker", image="gyre-no-such-image:latest")
-    assert {c.id for c in docker_client().containers.list(all=True)} <= before
+    assert ours() <= before
 
 
 @pytest.mark.parametrize("timeout", [0, -1])
