@@ -55,8 +55,7 @@ def test_fork_bomb_hits_the_pids_limit_and_the_host_is_fine(make, isolated_backe
         sampler.join()
     assert result.timed_out and result.exit_code == 124, result
     assert "Resource temporarily unavailable" in result.stderr, result.stderr[-2000:]
-    # The bomb never had more than its 64 pids on the host (plus noise from other work;
-    # an unlimited bomb reaches thousands within the 4 s).
+    # The bomb never had more than its 64 pids on the host (plus noise from other work).
     assert peak[0] - baseline < 64 + 200, (baseline, peak[0])
     assert subprocess.run(["true"]).returncode == 0  # the host can still fork
     assert sandbox.exec("echo alive", timeout=30).stdout == "alive\n"
