@@ -144,6 +144,9 @@ class EmbeddedEngine:
         self._set_threads()
         model_cfg = self._model.config
         self.vocab_size = int(self._model.get_input_embeddings().weight.shape[0])
+        eos = getattr(self._model.generation_config, "eos_token_id", None)
+        self.eos_token_ids: list[int] = [eos] if isinstance(eos, int) else list(eos or [])
+        """The model's end-of-turn ids; not applied unless passed in ``stop_token_ids``."""
         max_pos = getattr(model_cfg, "max_position_embeddings", None)
         self.context_length = int(self.config.context_length or max_pos or 4096)
         mergeable = cache_is_mergeable(model_cfg)

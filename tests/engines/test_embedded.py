@@ -38,9 +38,10 @@ def _forward_logprobs_of(folder, prompt, output):
     return _forward_logprobs(model.eval(), prompt, output)
 
 
-def test_implements_the_engine_protocol(engine):
+def test_implements_the_engine_protocol(engine, tokenizer):
     assert isinstance(engine, Engine)
     assert engine.context_length == 131072
+    assert engine.eos_token_ids == [tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
 def test_greedy_is_deterministic(engine, prompts):
