@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 import tarfile
 import tempfile
 import warnings
@@ -36,8 +37,8 @@ from pathlib import Path, PurePosixPath
 
 from gyre_env.tasks.task import Task, TaskFormatError, list_files
 
-_TOOLING = {"pip", "setuptools", "wheel", "distribute"}
-"""Packages of the image's own tooling: pinning them from a spec would break the image."""
+_TOOLING = {"python", "pip", "setuptools", "wheel", "distribute"}
+"""The interpreter and the image's own tooling: pinning them from a spec would break the image."""
 _ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar", ".zip")
 
 
@@ -56,11 +57,14 @@ def load_nl2repo(
     max_steps: int = 400,
     wall_clock_s: float = 4 * 3600.0,
     offline_install: bool = True,
+    strict: bool = False,
 ) -> list[Task]:
     """Load the tasks of an NL2RepoBench checkout (or of its ``test_files`` folder).
 
-    Tasks with no spec or no upstream tests are skipped with an ``NL2RepoSkipWarning``
-    naming them; it is an error when no task at all can be loaded.
+    Tasks with no spec, no upstream tests, or malformed files (a test path missing from
+    the upstream source, a bad count) are skipped with an ``NL2RepoSkipWarning`` naming
+    them and the reason; ``strict=True`` raises for malformed files instead. It is an
+    error when no task at all can be loaded.
     """
     root = _test_files_dir(Path(checkout).expanduser())
     if tests is None:
@@ -91,8 +95,8 @@ def load_nl2repo(
                 stacklevel=2,
             )
             continue
-        tasks.append(
-            _load_one(
+        try:
+            task = _load_one(
                 task_dir,
                 source,
                 cache / name,
@@ -102,7 +106,12 @@ def load_nl2repo(
                 wall_clock_s=wall_clock_s,
                 offline_install=offline_install,
             )
-        )
+        except TaskFormatError as e:
+            if strict:
+                raise
+            warnings.warn(f"NL2Repo task {name!r} skipped: {e}", NL2RepoSkipWarning, stacklevel=2)
+            continue
+        tasks.append(task)
     if not tasks:
         raise TaskFormatError(f"{root}: no NL2Repo task could be loaded (see the warnings)")
     return tasks
@@ -156,6 +165,7 @@ def _load_one(
         wall_clock_s=wall_clock_s,
         grading_timeout_s=1800.0,
         requirements=_requirements_for(task_dir, spec, requirements),
+        python_version=parse_spec_python_version(spec),
         source=str(task_dir),
     )
 
@@ -281,7 +291,7 @@ def _requirements_for(task_dir: Path, spec: str, requirements: str | Path | None
     for path in candidates:
         if path.is_file():
             return parse_requirements_file(path.read_text(encoding="utf-8"))
-    return parse_spec_requirements(spec)
+    return parse_spec_requirements(spec, project=task_dir.name)
 
 
 def parse_requirements_file(text: str) -> list[str]:
@@ -295,50 +305,108 @@ def parse_requirements_file(text: str) -> list[str]:
 
 
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
-_OPERATOR = re.compile(r"(===|==|>=|<=|~=|!=|<|>)")
-_NAME_VERSION = re.compile(
-    r"^([A-Za-z0-9][A-Za-z0-9._-]*(?:\[[A-Za-z0-9,._-]+\])?)"
-    r"\s*[:\s]\s*v?(\d[\w.+!-]*)$"
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?:\[[A-Za-z0-9,._-]+\])?"
+_SPECIFIER = re.compile(
+    rf"^({_NAME})((?:===|==|>=|<=|~=|!=|<|>)[^,\s]+(?:,(?:===|==|>=|<=|~=|!=|<|>)[^,\s]+)*)$"
 )
+_PINNED = re.compile(rf"^({_NAME})\s*(?::\s*|\s+)v?(\d[\w.+!-]*)$")
+_BARE = re.compile(rf"^{_NAME}$")
 
 
-def parse_spec_requirements(spec: str) -> list[str]:
-    """Pinned requirements from the spec's "Core Dependency Library Versions" section.
+def parse_spec_requirements(spec: str, project: str | None = None) -> list[str]:
+    """Requirements from the spec's "Core Dependency Library Versions" section.
 
-    Accepts ``pip list`` style lines (``name  1.2.3``), ``name==1.2.3`` / ``name>=1``
-    specifiers and ``name: 1.2.3``, with or without bullets or a code fence. The image's
-    own tooling (pip, setuptools, wheel) is left out. No section gives ``[]``.
+    Understands the forms NL2RepoBench specs use, inside or outside a code fence:
+    ``pip list`` lines (``name  1.2.3`` -> ``name==1.2.3``), specifiers (``name>=1``,
+    ``name >= 1, != 1.5``), ``name: 1.2.3``, bare names, bullets, and ``# comments``
+    (whole-line or trailing). Prose lines (``Core dependencies``, ``Package Version``)
+    are skipped; so are the interpreter and the image's own tooling (python, pip,
+    setuptools, wheel), standard-library modules some specs list (``json>=2.0.9``), and,
+    given ``project`` (the task name), the project's own distribution: installed in the
+    image it would hand the agent the upstream code it is asked to write.
     """
-    lines = spec.splitlines()
-    start = next(
-        (
-            i
-            for i, ln in enumerate(lines)
-            if (m := _HEADING.match(ln))
-            and "core dependency library versions" in m.group(1).lower()
-        ),
-        None,
-    )
-    if start is None:
-        return []
+    own = own_distribution_names(project) if project else set()
     out: list[str] = []
-    for raw in lines[start + 1 :]:
-        if _HEADING.match(raw):
-            break
-        line = raw.strip().lstrip("-*+ ").strip().strip("`").strip()
-        if not line or line.startswith("```") or set(line) <= set("-= |"):
-            continue
-        req = _requirement_of(line)
-        if req and re.split(r"[\s=<>!~\[;]", req, maxsplit=1)[0].lower() not in _TOOLING:
+    for raw in _dependency_section(spec):
+        req = _requirement_of(raw)
+        name = re.split(r"[=<>!~\[]", req, maxsplit=1)[0] if req else ""
+        if (
+            req
+            and name.lower() not in _TOOLING
+            and name not in sys.stdlib_module_names
+            and _norm(name) not in own
+            and req not in out
+        ):
             out.append(req)
     return out
 
 
-def _requirement_of(line: str) -> str | None:
-    if _OPERATOR.search(line):
-        req = re.sub(r"\s+", "", line.split(";")[0])
-        return req if re.match(r"^[A-Za-z0-9]", req) else None
-    m = _NAME_VERSION.match(line)
+def own_distribution_names(project: str) -> set[str]:
+    """Distribution names the task's own project may go by (``box`` -> ``python-box``)."""
+    base = re.sub(r"-(master|main|stable)$", "", _norm(project))
+    stripped = base.removeprefix("python-")
+    return {_norm(project), base, stripped, f"python-{stripped}", f"py{stripped}"}
+
+
+def parse_spec_python_version(spec: str) -> str | None:
+    """The ``major.minor`` Python version a spec names ("...is: Python 3.12.4"), if any."""
+    m = re.search(
+        r"Python version used in the current project is:?\s*(?:Python\s*)*(\d+\.\d+)", spec, re.I
+    )
+    return m.group(1) if m else None
+
+
+def _dependency_section(spec: str) -> list[str]:
+    """The lines under the dependency heading, up to the next heading of its level.
+
+    The heading is the first whose title names dependencies and versions ("Core
+    Dependency Library Versions", "Core Dependency Versions"), else dependencies and
+    libraries ("Versions of Core Dependent Libraries"). Deeper sub-headings stay in the
+    section, except optional ones ("Optional Dependencies [all]").
+    """
+    headings = _headings(spec.splitlines())
+    titles = {i: title.lower() for i, (_, title) in headings.items()}
+    pick = next((i for i, t in titles.items() if "depend" in t and "version" in t), None)
+    if pick is None:
+        pick = next((i for i, t in titles.items() if "depend" in t and "librar" in t), None)
+    if pick is None:
+        return []
+    level, section, skipping = headings[pick][0], [], False
+    for i, line in enumerate(spec.splitlines()[pick + 1 :], start=pick + 1):
+        if i in headings:
+            if headings[i][0] <= level:
+                break
+            skipping = "optional" in titles[i]
+            continue
+        if not skipping:
+            section.append(line)
+    return section
+
+
+def _headings(lines: list[str]) -> dict[int, tuple[int, str]]:
+    """Line index -> (level, title) of the markdown headings outside code fences."""
+    out, in_fence = {}, False
+    for i, line in enumerate(lines):
+        if line.strip().startswith("```"):
+            in_fence = not in_fence
+        elif not in_fence and (m := _HEADING.match(line)):
+            out[i] = (len(line.strip()) - len(line.strip().lstrip("#")), m.group(1))
+    return out
+
+
+def _requirement_of(raw: str) -> str | None:
+    line = raw.strip()
+    if not line or line.startswith(("```", "#")) or set(line) <= set("-=|+ "):
+        return None
+    line = re.split(r"\s#", line, maxsplit=1)[0]  # trailing comment
+    line = re.sub(r"^[-*+]\s+", "", line.strip()).strip("`").strip()
+    line = re.sub(r"(?<=\w)\s+-\s+(?=\w)", "-", line)  # "pre - commit" -> "pre-commit"
+    compact = re.sub(r"\s*(===|==|>=|<=|~=|!=|<|>|,)\s*", r"\1", line.split(";")[0]).strip()
+    if _SPECIFIER.match(compact):
+        return compact
+    m = _PINNED.match(line)
     if m:
         return f"{m.group(1)}=={m.group(2)}"
-    return None  # headers ("Package Version"), editable lines with a path, prose
+    if _BARE.match(line):
+        return line
+    return None  # prose ("Core dependencies", "Package Version"), editable lines with a path

@@ -93,6 +93,8 @@ class Task:
     """Host folder holding the reference solution (workspace files), or None."""
     requirements: list[str] = field(default_factory=list)
     """pip requirement lines installed into the task image at build time (no network later)."""
+    python_version: str | None = None
+    """``major.minor`` Python the task's image should provide, when the task names one."""
     source: str = ""
     """Where the task was loaded from (a folder, a checkout), for messages."""
 
@@ -150,6 +152,13 @@ class Task:
                 where,
                 "visible_test_commands",
                 "needed when there are visible tests",
+            )
+        if self.python_version is not None:
+            _check(
+                re.fullmatch(r"\d+\.\d+", self.python_version) is not None,
+                where,
+                "python_version",
+                f"expected major.minor, got {self.python_version!r}",
             )
         if self.gold_dir is not None:
             _check(self.gold_dir.is_dir(), where, "gold", f"{self.gold_dir} is not a folder")
@@ -229,6 +238,7 @@ _TOML_KEYS: dict[str, tuple[tuple[type, ...], bool]] = {
     "visible_tests": ((list,), False),
     "visible_test_commands": ((list,), False),
     "requirements": ((list,), False),
+    "python_version": ((str,), False),
 }
 
 
@@ -278,6 +288,7 @@ def load_task(path: str | Path) -> Task:
         visible_test_commands=list(visible_cmds or []),
         gold_dir=gold if gold.is_dir() else None,
         requirements=list(data.get("requirements", [])),
+        python_version=data.get("python_version"),
         source=str(root),
     )
 

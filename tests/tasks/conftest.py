@@ -15,6 +15,10 @@ Build `mini`, a package with `double(x)`.
 
 ## Environment Configuration
 
+### Python Version
+
+The Python version used in the current project is: Python 3.12.4
+
 ### Core Dependency Library Versions
 
 ```Plain
@@ -23,8 +27,15 @@ Package        Version
 attrs          23.1.0
 pip            21.0.1
 setuptools     53.0.0
+# Test framework (a comment, not a heading)
 requests>=2.31
+flake8 >= 3.7.9, != 4.0   # spaces and a trailing comment
+pre - commit >= 2.0.1
+colorama                  # a bare name
 Some_Pkg[extra]: 1.0
+json>=2.0.9
+python-mini>=0.1
+Core dependencies
 mini           0.1      /workspace
 ```
 

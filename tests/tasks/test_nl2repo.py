@@ -10,6 +10,7 @@ from gyre_env.tasks.nl2repo import (
     NL2RepoSkipWarning,
     load_nl2repo,
     offline_pip,
+    parse_spec_python_version,
     parse_spec_requirements,
 )
 
@@ -27,18 +28,41 @@ def test_loads_tasks_and_skips_missing_spec_with_warning(checkout, tmp_path):
     assert not (mini.hidden_tests_dir / "mini").exists()
     assert mini.test_commands[0] == "pip install --no-build-isolation --no-deps -e ."
     assert mini.remove_before_grading == ["tests", "conftest.py"]
-    assert mini.image == "gyre-nl2repo-mini:latest"
+    assert mini.image == "gyre-nl2repo-mini:latest" and mini.python_version == "3.12"
+    assert "python-mini>=0.1" not in mini.requirements  # its own distribution
     other = tasks[0]
     assert other.hidden_test_paths == ["test_other.py"] and other.requirements == []
 
 
 def test_spec_dependency_section_becomes_requirements(nl2repo_spec):
-    assert parse_spec_requirements(nl2repo_spec) == [
+    """Real specs mix pip-list lines, specifiers, comments and prose (see conftest's SPEC).
+
+    Left out: tooling (pip, setuptools), stdlib names (json), prose, an editable line,
+    and, given the project, its own distribution (python-mini for task "mini").
+    """
+    common = [
         "attrs==23.1.0",
         "requests>=2.31",
+        "flake8>=3.7.9,!=4.0",
+        "pre-commit>=2.0.1",
+        "colorama",
         "Some_Pkg[extra]==1.0",
     ]
+    assert parse_spec_requirements(nl2repo_spec, project="mini") == common
+    assert parse_spec_requirements(nl2repo_spec) == [*common, "python-mini>=0.1"]
     assert parse_spec_requirements("# Nothing here\n") == []
+    assert parse_spec_python_version(nl2repo_spec) == "3.12"
+    assert parse_spec_python_version("Python Python 3.9.23") is None
+
+
+def test_other_heading_spellings_and_optional_subsections():
+    spec = (
+        "## Dependency Library Configuration\n\nprose\n\n"
+        "### Versions of Core Dependent Libraries\n\n"
+        "#### Main\n- pkg-a==1.0\n#### Optional Dependencies [all]\n- pkg-b==2.0\n"
+        "#### Testing\n- pytest>=8\n### Next section\n- pkg-c==3.0\n"
+    )
+    assert parse_spec_requirements(spec) == ["pkg-a==1.0", "pytest>=8"]
 
 
 def test_requirements_file_wins_over_spec(checkout, tmp_path):
@@ -61,13 +85,21 @@ def test_missing_tests_skips_task_and_nothing_loadable_is_an_error(checkout, tmp
             load_nl2repo(repo, empty, cache_dir=tmp_path / "c")
 
 
-def test_bad_checkout_and_bad_count(tmp_path, checkout):
+def test_bad_checkout_and_malformed_tasks(tmp_path, checkout):
+    """Malformed task files skip the task with a warning; strict=True raises instead."""
     with pytest.raises(TaskFormatError, match="not an NL2RepoBench checkout"):
         load_nl2repo(tmp_path / "nowhere", {}, cache_dir=tmp_path / "c")
     repo, upstream = checkout
     (repo / "test_files" / "mini" / "test_case_count.txt").write_text("many")
     with pytest.raises(TaskFormatError, match="test_case_count.txt"):
-        load_nl2repo(repo, upstream, cache_dir=tmp_path / "c", only=["mini"])
+        load_nl2repo(repo, upstream, cache_dir=tmp_path / "c", only=["mini"], strict=True)
+    (repo / "test_files" / "Other_Lib" / "test_files.json").write_text('["test_gone.py"]')
+    with pytest.warns(NL2RepoSkipWarning) as record:
+        with pytest.raises(TaskFormatError, match="no NL2Repo task could be loaded"):
+            load_nl2repo(repo, upstream, cache_dir=tmp_path / "c")
+    messages = [str(w.message) for w in record]
+    assert any("'mini' skipped" in m and "test_case_count.txt" in m for m in messages)
+    assert any("'Other_Lib' skipped" in m and "'test_gone.py' not found" in m for m in messages)
 
 
 def test_offline_pip_rewrite():

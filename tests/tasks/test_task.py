@@ -79,6 +79,7 @@ def test_no_gold_is_allowed(tmp_path):
         ('hidden_tests = ["tests/missing.py"]\n', "tests/missing.py' not found"),
         ('remove_before_grading = ["../outside"]\n', "must be a relative path"),
         ("wall_clock_s = -1\n", "wall_clock_s: must be > 0"),
+        ('python_version = "3"\n', "python_version: expected major.minor"),
     ],
 )
 def test_invalid_toml_is_rejected_with_a_clear_error(tmp_path, extra, match):
