@@ -17,6 +17,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -47,8 +48,12 @@ class _Cgroup:
     def __init__(self, name: str, pids: int, memory_bytes: int):
         self.dirs: list[Path] = []
         if (CGROUP_ROOT / "cgroup.controllers").exists():  # v2
-            d = CGROUP_ROOT / "gyre" / name
-            d.mkdir(parents=True)
+            parent = CGROUP_ROOT / "gyre"
+            parent.mkdir(exist_ok=True)
+            for level in (CGROUP_ROOT, parent):  # let children use the controllers
+                (level / "cgroup.subtree_control").write_text("+pids +memory")
+            d = parent / name
+            d.mkdir()
             self.dirs = [d]
             (d / "pids.max").write_text(str(pids))
             (d / "memory.max").write_text(str(memory_bytes))
@@ -86,17 +91,29 @@ class _Cgroup:
             pass
         return 0
 
-    def destroy(self) -> None:
+    def destroy(self, timeout: float = 5.0) -> None:
+        """Kill what is left in the cgroup, wait until it is empty, then remove it (a
+        cgroup with tasks still exiting refuses rmdir with EBUSY)."""
+        deadline = time.monotonic() + timeout
         for d in self.dirs:
-            try:
-                for pid in (d / "cgroup.procs").read_text().split():
+            while True:
+                try:
+                    pids = (d / "cgroup.procs").read_text().split()
+                except OSError:
+                    break  # already gone
+                for pid in pids:
                     try:
                         os.kill(int(pid), 9)
                     except ProcessLookupError:
                         pass
-                d.rmdir()
-            except OSError:
-                pass
+                try:
+                    d.rmdir()
+                    break
+                except OSError as e:
+                    if time.monotonic() > deadline:
+                        log.warning("could not remove cgroup %s: %s", d, e)
+                        break
+                    time.sleep(0.01)
 
 
 def _try_cgroup(name: str, config: SandboxConfig) -> _Cgroup | None:
@@ -131,6 +148,7 @@ class BwrapSandbox(ShellFileOps):
                 env=self.config.env,
                 output_limit=self.config.output_limit,
                 start_timeout=self.config.start_timeout_s,
+                signal_is_fatal=True,
             )
             if self.config.proxy_socket:
                 self._start_forwarder()

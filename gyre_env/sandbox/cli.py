@@ -18,7 +18,9 @@ def add_commands(sub) -> None:
     run.add_argument("cmd", help="bash command to run in the sandbox")
     run.add_argument("--sandbox", default="auto", help="docker | bwrap | local | auto")
     run.add_argument("--image", default="gyre-base:latest", help="Docker image")
-    run.add_argument("--timeout", type=float, default=60.0, help="seconds before the command is killed")
+    run.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds before the command is killed"
+    )
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.set_defaults(func=_run)
 

@@ -21,6 +21,13 @@ _IS_DIR = 99
 _FILE_LIMIT = 256 << 20  # bytes a single file transfer may carry
 
 
+def _skip_escaping_links(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    try:
+        return tarfile.data_filter(member, dest)
+    except (tarfile.AbsoluteLinkError, tarfile.LinkOutsideDestinationError):
+        return None
+
+
 class ShellFileOps:
     """Mixin: needs ``self.shell`` (a PersistentShell) and ``self.workspace``."""
 
@@ -94,6 +101,6 @@ class ShellFileOps:
         raw = base64.b64decode(self._file_cmd(path, script, "get_dir", timeout=600).stdout)
         Path(local_dir).mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:gz") as tar:
-            # The archive is agent-made: the "data" filter refuses links and paths that
-            # would land outside local_dir.
-            tar.extractall(local_dir, filter="data")
+            # The archive is agent-made: the "data" filter refuses paths that would land
+            # outside local_dir; links that point outside (a venv's python) are skipped.
+            tar.extractall(local_dir, filter=_skip_escaping_links)

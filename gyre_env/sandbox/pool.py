@@ -60,13 +60,13 @@ class SandboxPool:
         """A started sandbox for one episode; cold-started if the pool is empty."""
         if self._closed.is_set():
             raise RuntimeError("sandbox pool is closed")
-        self._wanted.release()  # replace what is taken
         while True:
             try:
                 sandbox = self._idle.get_nowait()
             except queue.Empty:
                 self.cold_starts += 1
                 return self.factory()
+            self._wanted.release()  # replace what left the idle queue (handed out or dead)
             if sandbox.alive():
                 return sandbox
             sandbox.close()

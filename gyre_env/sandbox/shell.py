@@ -94,6 +94,10 @@ class _Stream:
         return self.kept.decode("utf-8", errors="replace")
 
 
+class _NotRun(Exception):
+    """The shell ended before acknowledging a command: the command never started."""
+
+
 class PersistentShell:
     """One long-lived bash process behind ``argv``; ``run`` is thread-safe (serialised)."""
 
@@ -107,6 +111,7 @@ class PersistentShell:
         kill_hook: Callable[[], None] | None = None,
         start_timeout: float = 60.0,
         popen_kwargs: dict | None = None,
+        signal_is_fatal: bool = False,
     ):
         self.argv = argv
         self.workdir = workdir
@@ -118,6 +123,8 @@ class PersistentShell:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._closed = False
+        self._dead: str | None = None  # why the sandbox can no longer run commands
+        self.signal_is_fatal = signal_is_fatal
         self._starting = False
         self.restarts = 0
         self._start()
@@ -167,7 +174,12 @@ class PersistentShell:
 
     @property
     def alive(self) -> bool:
-        return not self._closed and self._proc is not None and self._proc.poll() is None
+        return (
+            not self._closed
+            and not self._dead
+            and self._proc is not None
+            and self._proc.poll() is None
+        )
 
     # -- commands ----------------------------------------------------------------------
 
@@ -180,6 +192,8 @@ class PersistentShell:
         output_limit: int | None = None,
     ) -> ExecResult:
         """Run ``cmd`` with bash; ``output_limit`` overrides the per-stream byte limit."""
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         env = {**self.env, **(env or {})}
         _check_env(env)
         exports = "".join(f"export {k}={shell_quote(v)}; " for k, v in env.items())
@@ -188,10 +202,17 @@ class PersistentShell:
         with self._lock:
             if self._closed:
                 raise SandboxClosedError("sandbox is closed")
+            if self._dead:
+                raise SandboxError(self._dead)
             restarted = self._proc is None or self._proc.poll() is not None
             if restarted:  # the previous command ended the shell (e.g. `kill -9 $$`)
                 self._restart()
-            result = self._run_locked(body, timeout=timeout, limit=output_limit)
+            try:
+                result = self._run_locked(body, timeout=timeout, limit=output_limit)
+            except _NotRun:  # the shell died before it read the command (it never ran)
+                self._restart()
+                restarted = True
+                result = self._run_locked(body, timeout=timeout, limit=output_limit)
             if restarted:
                 result.shell_restarted = True
                 result.stderr += (
@@ -212,6 +233,7 @@ class PersistentShell:
             stmt = f"{body}\n{_markers(token, '$?')}\n"
         else:
             stmt = (
+                f"printf '\\036GYRE{token}+\\n'; "
                 f"( ( {body} ) </dev/null; __gyre_rc=$?; {_markers(token, '$__gyre_rc')} ) "
                 f"& disown\n"
             )
@@ -219,11 +241,17 @@ class PersistentShell:
         try:
             self._proc.stdin.write(stmt.encode())
         except (BrokenPipeError, OSError, AttributeError):
-            return self._shell_died(start, _Stream(1), _Stream(1))
-        return self._collect(token, start, timeout, limit or self.output_limit)
+            if raw:
+                return self._shell_died(start, _Stream(1), _Stream(1))
+            raise _NotRun from None
+        return self._collect(token, start, timeout, limit or self.output_limit, ack=not raw)
 
-    def _collect(self, token: str, start: float, timeout: float, limit: int) -> ExecResult:
+    def _collect(
+        self, token: str, start: float, timeout: float, limit: int, ack: bool = False
+    ) -> ExecResult:
         out, err = _Stream(limit), _Stream(limit)
+        ack_marker = f"\x1eGYRE{token}+\n".encode() if ack else None
+        before_ack = b""
         out_marker, err_marker = _marker_bytes(token)
         after = None  # bytes after the stdout marker, until the exit code's newline
         err_done = False
@@ -256,7 +284,25 @@ class PersistentShell:
                     except (BlockingIOError, InterruptedError):
                         continue
                     if not data:
+                        if key.data == "err":  # read stdout to its end before deciding
+                            sel.unregister(key.fileobj)
+                            continue
+                        if ack_marker is not None and not timed_out:
+                            raise _NotRun
                         return self._shell_died(start, out, err, timed_out)
+                    if key.data == "out" and ack_marker is not None:
+                        # Bytes before the acknowledgement come from earlier commands'
+                        # background jobs: kept (bounded) as before, minus a partial marker.
+                        window = before_ack + data
+                        at = window.find(ack_marker)
+                        if at < 0:
+                            cut = max(len(window) - len(ack_marker) + 1, 0)
+                            out.feed(window[:cut], out_marker)
+                            before_ack = window[cut:]
+                            continue
+                        out.feed(window[:at], out_marker)
+                        data = window[at + len(ack_marker) :]
+                        ack_marker = None
                     if key.data == "err":
                         err_done = err_done or err.feed(data, err_marker) is not None
                     elif after is not None:
@@ -305,7 +351,16 @@ class PersistentShell:
 
     def _shell_died(self, start, out, err, timed_out=False) -> ExecResult:
         """The shell exited mid-command (the command killed it, or the sandbox died)."""
-        code = self._proc.poll() if self._proc else None
+        try:
+            code = self._proc.wait(timeout=2) if self._proc else None
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is not None and code < 0 and self.signal_is_fatal and not self._starting:
+            # The sandbox's own process (bwrap, `docker exec`) got a signal: something outside
+            # killed the sandbox. A command ending its shell shows as exit 128+N instead.
+            self._stop_process()
+            self._dead = f"the sandbox was killed from outside (signal {-code})"
+            raise SandboxError(self._dead)
         if self._starting:
             err_text = err.text().strip()[:500]
             self._stop_process()
