@@ -76,42 +76,22 @@ def load_nl2repo(
         if missing:
             raise KeyError(f"tasks {missing} are not in {root}")
         names = [n for n in names if n in only]
+    options = {
+        "image_prefix": image_prefix,
+        "max_steps": max_steps,
+        "wall_clock_s": wall_clock_s,
+        "offline_install": offline_install,
+        "tests_from": tests,
+    }
     tasks = []
     for name in names:
-        task_dir = root / name
-        if not (task_dir / "start.md").is_file():
-            why = (
-                "its spec failed to download (only start.md.download_failed.txt)"
-                if (task_dir / "start.md.download_failed.txt").exists()
-                else "it has no start.md"
-            )
-            warnings.warn(f"NL2Repo task {name!r} skipped: {why}", NL2RepoSkipWarning, stacklevel=2)
-            continue
-        source = _tests_source(tests, name)
-        if source is None:
-            warnings.warn(
-                f"NL2Repo task {name!r} skipped: no upstream tests for it in {tests}",
-                NL2RepoSkipWarning,
-                stacklevel=2,
-            )
-            continue
         try:
-            task = _load_one(
-                task_dir,
-                source,
-                cache / name,
-                requirements,
-                image=f"{image_prefix}{_slug(name)}:latest",
-                max_steps=max_steps,
-                wall_clock_s=wall_clock_s,
-                offline_install=offline_install,
-            )
-        except TaskFormatError as e:
-            if strict:
+            source = _tests_source(tests, name)
+            tasks.append(_load_one(root / name, source, cache / name, requirements, options))
+        except (_Skip, TaskFormatError) as e:
+            if strict and not isinstance(e, _Skip):
                 raise
             warnings.warn(f"NL2Repo task {name!r} skipped: {e}", NL2RepoSkipWarning, stacklevel=2)
-            continue
-        tasks.append(task)
     if not tasks:
         raise TaskFormatError(f"{root}: no NL2Repo task could be loaded (see the warnings)")
     return tasks
@@ -126,18 +106,24 @@ def _test_files_dir(checkout: Path) -> Path:
     raise TaskFormatError(f"{checkout}: not an NL2RepoBench checkout (no test_files/<task>/)")
 
 
+class _Skip(Exception):
+    """A task that is absent rather than malformed: skipped even with strict=True."""
+
+
 def _load_one(
     task_dir: Path,
-    source: Path,
+    source: Path | None,
     overlay: Path,
     requirements: str | Path | None,
-    *,
-    image: str,
-    max_steps: int,
-    wall_clock_s: float,
-    offline_install: bool,
+    options: dict,
 ) -> Task:
     name = task_dir.name
+    if not (task_dir / "start.md").is_file():
+        if (task_dir / "start.md.download_failed.txt").exists():
+            raise _Skip("its spec failed to download (only start.md.download_failed.txt)")
+        raise _Skip("it has no start.md")
+    if source is None:
+        raise _Skip(f"no upstream tests for it in {options['tests_from']}")
     spec = (task_dir / "start.md").read_text(encoding="utf-8")
     commands = _read_json_list(task_dir / "test_commands.json")
     test_paths = _read_json_list(task_dir / "test_files.json")
@@ -147,7 +133,7 @@ def _load_one(
     except (OSError, ValueError) as e:
         raise TaskFormatError(f"{count_file}: expected a single integer") from e
     build_overlay(source, test_paths, overlay)
-    if offline_install:
+    if options["offline_install"]:
         commands = [offline_pip(c) for c in commands]
     return Task(
         id=name,
@@ -155,14 +141,14 @@ def _load_one(
         domain="nl2repo",
         title=f"NL2RepoBench: {name}",
         spec=spec,
-        image=image,
+        image=f"{options['image_prefix']}{_slug(name)}:latest",
         test_commands=commands,
         hidden_tests_dir=overlay,
         hidden_test_paths=list_files(overlay),
         test_count=count,
         remove_before_grading=[*(p.rstrip("/") for p in test_paths), "conftest.py"],
-        max_steps=max_steps,
-        wall_clock_s=wall_clock_s,
+        max_steps=options["max_steps"],
+        wall_clock_s=options["wall_clock_s"],
         grading_timeout_s=1800.0,
         requirements=_requirements_for(task_dir, spec, requirements),
         python_version=parse_spec_python_version(spec),
