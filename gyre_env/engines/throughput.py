@@ -9,6 +9,7 @@ the last one finishes; the best of ``repeats`` runs is kept, after one warm-up.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import asdict, dataclass
 
@@ -25,13 +26,19 @@ class ThroughputResult:
     tokens_per_s: dict[int, float]
     batching_gain: float
     """tokens/s at the largest batch divided by tokens/s at the smallest."""
+    load_average: float
+    """1-minute load average when the measurement started: on a shared machine, figures
+    taken under a load above the core count are low and noisy."""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def summary(self) -> str:
         rates = ", ".join(f"batch {b}: {r:,.0f} tok/s" for b, r in self.tokens_per_s.items())
-        return f"{self.engine}: {rates}; batching gain {self.batching_gain:.2f}x"
+        return (
+            f"{self.engine}: {rates}; batching gain {self.batching_gain:.2f}x "
+            f"(load average {self.load_average:.1f} on {os.cpu_count()} cores)"
+        )
 
 
 async def measure_throughput(
@@ -46,6 +53,7 @@ async def measure_throughput(
     """Measure ``engine`` (already started) at each batch size; see the module docstring."""
     if not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"batch_sizes must be positive, got {batch_sizes}")
+    load = os.getloadavg()[0]
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0)
     rates: dict[int, float] = {}
 
@@ -68,6 +76,7 @@ async def measure_throughput(
         new_tokens=new_tokens,
         tokens_per_s=rates,
         batching_gain=gain,
+        load_average=load,
     )
 
 
