@@ -131,12 +131,23 @@ def measure(args) -> dict:
         "cpu_s": min(t[1] for t in times),
         "peak_mib": peak / 1024,
         "units": len(units),
+        "macs": _forward_macs(args, vocab, packed, layouts),
         "sharing": sum(t.flat_tokens - t.num_tokens for t in trees)
         / max(1, sum(t.flat_tokens for t in trees)),
     }
     if flat and not args.no_exactness:
         out["max_abs_diff"] = _exactness(model, units, args)
     return out
+
+
+def _forward_macs(args, vocab: int, packed, layouts) -> int:
+    """Multiply-accumulates of one forward: linear layers per token, attention per
+    (query, key) pair the kernel computes, LM head per loss token."""
+    d, ff = args.d_model, 3 * args.d_model
+    tokens = sum(len(p) for p in packed)
+    pairs = sum(layout.pairs for layout in layouts)
+    loss = sum(p.num_loss_tokens for p in packed)
+    return args.layers * (tokens * (4 * d * d + 3 * d * ff) + pairs * 2 * d) + loss * d * vocab
 
 
 def _exactness(model, units, args) -> float:
@@ -201,11 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"tiny model d={args.d_model} layers={args.layers} heads={args.heads}; "
         f"block {args.block_size}; threads {args.threads}; best of {args.repeats + 1} steps\n"
-        "cpu: process CPU seconds of one fwd+bwd; wall x: wall-clock ratio; "
+        "mac x: ratio of forward multiply-adds (linear + attention pairs + LM head); "
+        "cpu: process CPU seconds of one fwd+bwd; wall x: wall-clock ratio;\n"
         "MiB: RSS high-water of the step above the RSS before it"
     )
     head = (
-        f"{'scenario':<10}{'sharing':>8}{'flat tok':>10}{'tree tok':>10}{'tok x':>7}"
+        f"{'scenario':<10}{'sharing':>8}{'flat tok':>10}{'tree tok':>10}{'tok x':>7}{'mac x':>7}"
         f"{'flat cpu':>9}{'tree cpu':>9}{'cpu x':>7}{'wall x':>7}{'flat MiB':>10}{'tree MiB':>10}"
         f"{'mem x':>7}{'max|dlp|':>10}"
     )
@@ -217,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = {"flat": flat, "tree": tree}
         print(
             f"{name:<10}{tree['sharing']:>8.1%}{flat['tokens']:>10}{tree['tokens']:>10}"
-            f"{tree['tokens'] / flat['tokens']:>7.2f}{flat['cpu_s']:>9.2f}{tree['cpu_s']:>9.2f}"
+            f"{tree['tokens'] / flat['tokens']:>7.2f}{tree['macs'] / flat['macs']:>7.2f}"
+            f"{flat['cpu_s']:>9.2f}{tree['cpu_s']:>9.2f}"
             f"{tree['cpu_s'] / flat['cpu_s']:>7.2f}{tree['time_s'] / flat['time_s']:>7.2f}"
             f"{flat['peak_mib']:>10.0f}{tree['peak_mib']:>10.0f}"
             f"{tree['peak_mib'] / flat['peak_mib']:>7.2f}{flat.get('max_abs_diff', float('nan')):>10.1e}",

@@ -99,14 +99,25 @@ def _scatter_add(x: torch.Tensor, blk: _QueryBlock, val: torch.Tensor) -> None:
 
 
 def _probs(q_blk, k_blk, blk: _QueryBlock, scale: float, lse=None):
-    s = torch.matmul(q_blk, k_blk.transpose(-1, -2)) * scale  # [H, Bq, L]
-    # every gathered key before ``lo`` is an ancestor of the whole block; inside the
-    # block (one chain) the mask is causal
-    qpos = torch.arange(blk.lo, blk.hi)[:, None]
-    s = s.masked_fill(blk.kv_pos[None, :] > qpos, float("-inf"))  # [H, Bq, L]
+    """Attention probabilities ``[H, Bq, L]`` of one query block (and its log-sum-exp)."""
+    s = torch.matmul(q_blk * scale, k_blk.transpose(-1, -2))  # [H, Bq, L]
+    # every gathered key before ``lo`` is an ancestor of the whole block; the block's own
+    # keys (one chain, the last Bq columns) are masked causally
+    bq = blk.hi - blk.lo
+    s[..., -bq:].masked_fill_(_causal_mask(bq), float("-inf"))
     if lse is None:
         lse = torch.logsumexp(s, dim=-1)  # [H, Bq]
-    return torch.exp(s - lse[..., None]), lse
+    return s.sub_(lse[..., None]).exp_(), lse
+
+
+_MASKS: dict[int, torch.Tensor] = {}
+
+
+def _causal_mask(n: int) -> torch.Tensor:
+    """[n, n] True above the diagonal (future keys), cached per size."""
+    if n not in _MASKS:
+        _MASKS[n] = torch.ones(n, n, dtype=torch.bool).triu_(1)
+    return _MASKS[n]
 
 
 class _TreeAttentionFn(torch.autograd.Function):
@@ -117,7 +128,7 @@ class _TreeAttentionFn(torch.autograd.Function):
         lse = torch.empty(q.shape[:2], dtype=q.dtype)
         for blk in layout.blocks:
             p, m = _probs(q[:, blk.lo : blk.hi], _gather(k, blk), blk, scale)
-            out[:, blk.lo : blk.hi] = torch.matmul(p, _gather(v, blk))
+            torch.matmul(p, _gather(v, blk), out=out[:, blk.lo : blk.hi])
             lse[:, blk.lo : blk.hi] = m
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.layout, ctx.scale = layout, scale
@@ -134,10 +145,10 @@ class _TreeAttentionFn(torch.autograd.Function):
             q_blk, k_blk, v_blk = q[:, sl], _gather(k, blk), _gather(v, blk)
             p, _ = _probs(q_blk, k_blk, blk, ctx.scale, lse[:, sl])
             _scatter_add(dv, blk, torch.matmul(p.transpose(-1, -2), dout[:, sl]))
-            dp = torch.matmul(dout[:, sl], v_blk.transpose(-1, -2))
-            ds = p * (dp - delta[:, sl, None]) * ctx.scale
-            dq[:, sl] = torch.matmul(ds, k_blk)
-            _scatter_add(dk, blk, torch.matmul(ds.transpose(-1, -2), q_blk))
+            ds = torch.matmul(dout[:, sl], v_blk.transpose(-1, -2))  # dP
+            ds.sub_(delta[:, sl, None]).mul_(p)  # dS / scale
+            torch.matmul(ds, k_blk * ctx.scale, out=dq[:, sl])
+            _scatter_add(dk, blk, torch.matmul(ds.transpose(-1, -2), q_blk * ctx.scale))
         return dq, dk, dv, None
 
 

@@ -96,8 +96,34 @@ def _attend(q, k, v, attention) -> torch.Tensor:
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     if isinstance(attention, BlockMask):
-        return flex_attention(q[None], k[None], v[None], block_mask=attention)[0]
+        flex = _compiled_flex() if q.is_cuda else flex_attention  # CPU: forward only
+        return flex(q[None], k[None], v[None], block_mask=attention)[0]
     raise TypeError(f"unsupported attention structure {type(attention).__name__}")
+
+
+_COMPILED_FLEX = []
+
+
+def _compiled_flex():
+    """flex_attention compiled once (on GPU the eager version materialises all scores)."""
+    if not _COMPILED_FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED_FLEX.append(torch.compile(flex_attention))
+    return _COMPILED_FLEX[0]
+
+
+def attention_for(
+    packed, *, device: str = "cpu", dense_max_tokens: int = 2048, block_size: int = 128
+):
+    """The attention structure for a ``PackedTree``: a dense mask up to
+    ``dense_max_tokens`` tokens, else the block-sparse CPU kernel's layout, or on a GPU a
+    flex_attention ``BlockMask`` (run compiled)."""
+    if len(packed) <= dense_max_tokens:
+        return packed.dense_mask(device)
+    if str(device).startswith("cuda"):
+        return packed.block_mask(block_size, device=device)
+    return TreeBlockLayout(packed.parent_index, block_size)
 
 
 class TreeTransformer(nn.Module):

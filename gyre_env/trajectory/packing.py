@@ -84,8 +84,13 @@ class PackedTree:
         """``(nonempty, full)`` ``[nb, nb]`` block pairs; see ``block_structure``."""
         return block_structure(self.subtree_end, block_size)
 
-    def block_mask(self, block_size: int = 128):
-        """A ``flex_attention`` ``BlockMask`` for this tree, built in O((n/block)^2)."""
+    def block_mask(self, block_size: int = 128, device: str = "cpu"):
+        """A ``flex_attention`` ``BlockMask`` for this tree, built in O((n/block)^2).
+
+        ``create_block_mask`` would evaluate the mask on every (query, key) pair; here
+        the block lists come from ``block_structure`` and only partial blocks consult
+        the ancestor rule.
+        """
         from gyre_env._optional import require
 
         torch = require("torch", "flex_attention block masks")
@@ -93,7 +98,7 @@ class PackedTree:
 
         nonempty, full = self.block_structure(block_size)
         partial = nonempty & ~full
-        end = torch.as_tensor(self.subtree_end)
+        end = torch.as_tensor(self.subtree_end, device=device)
         n = len(self)
 
         def mask_mod(b, h, q_idx, kv_idx):
@@ -107,7 +112,7 @@ class PackedTree:
 
         kv_num, kv_idx = as_blocks(partial)
         full_num, full_idx = as_blocks(full)
-        return BlockMask.from_kv_blocks(
+        mask = BlockMask.from_kv_blocks(
             kv_num,
             kv_idx,
             full_num,
@@ -116,6 +121,7 @@ class PackedTree:
             mask_mod=mask_mod,
             seq_lengths=(n, n),
         )
+        return mask.to(device)
 
 
 def block_structure(subtree_end: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:

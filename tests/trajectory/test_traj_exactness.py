@@ -69,7 +69,7 @@ def _setup(case):
     records, episodes = CASES[case]()
     trees = build_trees(records, episodes)
     (unit,), _ = bounded_samples(trees, SampleConfig(token_budget=10**6))
-    model = TreeTransformer(TreeModelConfig(vocab_size=1024, d_model=64, n_heads=4, d_ff=128))
+    model = TreeTransformer(TreeModelConfig(vocab_size=1024, d_model=32, n_heads=2, d_ff=64))
     return trees, unit, model
 
 
@@ -135,8 +135,8 @@ def test_tree_loss_gradient_equals_flat_per_path_gradient(case):
         loss.backward()
         return loss.item(), [p.grad.clone() for p in model.parameters()]
 
-    loss_flat, g_flat = grads(flat, TreeBlockLayout(flat.parent_index, 16))
-    for attn in (tree.dense_mask(), TreeBlockLayout(tree.parent_index, 16)):
+    loss_flat, g_flat = grads(flat, TreeBlockLayout(flat.parent_index, 32))
+    for attn in (tree.dense_mask(), TreeBlockLayout(tree.parent_index, 32)):
         loss_tree, g_tree = grads(tree, attn)
         assert loss_tree == pytest.approx(loss_flat, abs=1e-6)
         worst = max((a - b).abs().max().item() for a, b in zip(g_tree, g_flat, strict=True))
@@ -156,3 +156,29 @@ def test_block_sparse_kernel_matches_dense_attention_forward_and_backward():
         assert (out - ref).abs().max().item() <= TOL
         for a, b in zip(torch.autograd.grad(out, (q, k, v), dout), ref_grads, strict=True):
             assert (a - b).abs().max().item() <= TOL
+
+
+def test_attention_for_picks_dense_then_block_sparse_with_equal_results():
+    from gyre_env.trainers.tree_model import attention_for
+
+    _, unit, model = _setup("grpo_shared_prompt")
+    p = pack(unit)
+    dense = attention_for(p, dense_max_tokens=len(p))
+    sparse = attention_for(p, dense_max_tokens=len(p) - 1, block_size=32)
+    assert isinstance(dense, torch.Tensor) and isinstance(sparse, TreeBlockLayout)
+    with torch.no_grad():
+        a = packed_logprobs(model, p.tensors(), dense)
+        b = packed_logprobs(model, p.tensors(), sparse)
+    assert (a - b).abs().max().item() <= TOL
+
+
+def test_importing_the_trajectory_package_stays_light():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, gyre_env, gyre_env.trajectory, gyre_env.trajectory.cli;"
+        "print(sorted(m for m in ('torch', 'pyarrow') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
