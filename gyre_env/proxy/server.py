@@ -385,7 +385,10 @@ class ProxyServer:
         return f"{self.base_url}/s/{session}"
 
     def _bind(self) -> None:
-        self._sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET)
+        family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
+        # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on sockets whose proto is TCP,
+        # and without it small responses wait ~40 ms for delayed ACKs (Nagle).
+        self._sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((self.config.host, self.config.port))
 

@@ -1,0 +1,368 @@
+"""The proxy's own cost, side by side with a bare uvicorn endpoint, in one run.
+
+    python benchmarks/proxy.py [--duration 5] [--contexts 1000 32000 128000] [--no-engine]
+
+Both servers run in their own processes on the same uvicorn settings. The proxy serves an
+engine that answers instantly (``ScriptedEngine``, a fixed 10-token reply) and writes
+records to a JSONL sink; the bare endpoint parses the request JSON (as any server must)
+and returns a fixed chat completion (or the same four SSE events when streaming). The load
+generator is ``wrk`` (apt-get install wrk) with a Lua script giving every request its own
+session path, so each proxy call renders and tokenizes its prompt (no repeated-prompt
+shortcut). Figures printed:
+
+- added latency at one connection, p50 and p99 (proxy minus bare);
+- throughput at 16 and 128 connections, streaming and not, as a ratio of the bare one;
+- added latency of one more turn in a session whose context is 1k / 32k / 128k tokens
+  (sequential keep-alive client; the same body sent to both servers);
+- the embedded engine's tokens/s for the tiny model at batch 1 and 8 (not with --no-engine).
+
+Prints figures and ratios, not pass/fail. On a shared 2-core machine figures are noisy:
+the load average is printed with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPLY = "Hello! How can I help you today?"
+BODY = {
+    "model": "m",
+    "max_tokens": 16,
+    "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Hello, what can you do?"},
+    ],
+}
+
+
+# -- servers (run in child processes) ------------------------------------------------------
+def serve_proxy(port: int, records: str) -> None:
+    from gyre_env.engines.tiny import load_tokenizer
+    from gyre_env.proxy.records import JsonlSink
+    from gyre_env.proxy.scripted import ScriptedEngine
+    from gyre_env.proxy.server import ProxyConfig, ProxyServer
+
+    tok = load_tokenizer()
+    reply = tok.backend_tokenizer.encode(REPLY + "<|im_end|>", add_special_tokens=False).ids
+    engine = ScriptedEngine([reply], name="instant", context_length=262144)
+    config = ProxyConfig(port=port, max_sessions=4096)
+    ProxyServer(
+        config, engines=[engine], tokenizer=tok, sink=JsonlSink(records, compact=True)
+    ).serve()
+
+
+def serve_bare(port: int) -> None:
+    import uvicorn
+    from fastapi import FastAPI, Request
+    from fastapi.responses import Response, StreamingResponse
+
+    try:
+        import orjson
+
+        loads, dumps = orjson.loads, orjson.dumps
+    except ImportError:  # pragma: no cover
+        loads, dumps = json.loads, lambda o: json.dumps(o).encode()
+
+    app = FastAPI()
+    usage = {"prompt_tokens": 30, "completion_tokens": 10, "total_tokens": 40}
+    message = {"role": "assistant", "content": REPLY}
+    completion = {
+        "id": "chatcmpl-bare",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
+        "usage": usage,
+    }
+    head = {"id": "chatcmpl-bare", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+
+    def chunk(delta, finish=None) -> bytes:
+        data = {
+            **head,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        }
+        return b"data: " + dumps(data) + b"\n\n"
+
+    async def events():
+        yield chunk({"role": "assistant", "content": ""})
+        yield chunk({"content": REPLY})
+        yield chunk({}, "stop") + b"data: [DONE]\n\n"
+
+    async def chat(request: Request):
+        body = loads(await request.body())
+        if body.get("stream"):
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return Response(dumps(completion), media_type="application/json")
+
+    app.add_route("/v1/chat/completions", chat, methods=["POST"])
+    app.add_route("/s/{session}/v1/chat/completions", chat, methods=["POST"])
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=30,
+    )
+
+
+# -- measurement ----------------------------------------------------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(kind: str, port: int, tmp: Path) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--serve",
+        kind,
+        "--port",
+        str(port),
+        "--records",
+        str(tmp / "records.jsonl"),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            _post(port, "/s/warm/v1/chat/completions", json.dumps(BODY).encode())
+            return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"{kind} server exited: {proc.stderr.read().decode()[-2000:]}"
+                ) from None
+            time.sleep(0.2)
+    raise RuntimeError(f"{kind} server did not start")
+
+
+_CONNS: dict[int, http.client.HTTPConnection] = {}
+
+
+def _post(port: int, path: str, body: bytes) -> bytes:
+    try:
+        return _post_once(port, path, body)
+    except (ConnectionError, http.client.RemoteDisconnected):  # an idle keep-alive was closed
+        return _post_once(port, path, body)
+
+
+def _post_once(port: int, path: str, body: bytes) -> bytes:
+    conn = _CONNS.get(port)
+    if conn is None:
+        conn = _CONNS[port] = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        conn.request("POST", path, body, {"content-type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+    except (OSError, http.client.HTTPException):
+        _CONNS.pop(port, None)
+        conn.close()
+        raise
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {data[:300]!r}")
+    return data
+
+
+_LUA = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = %s
+local n = 0
+local prefix = tostring(math.random(1, 1000000000))
+request = function()
+  n = n + 1
+  return wrk.format(nil, "/s/b" .. prefix .. "-" .. n .. "/v1/chat/completions")
+end
+"""
+
+
+def _lua_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def wrk(port: int, connections: int, duration: float, stream: bool, tmp: Path) -> dict:
+    script = tmp / f"body-{int(stream)}.lua"
+    script.write_text(_LUA % _lua_string(json.dumps({**BODY, "stream": stream})))
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{max(1, round(duration))}s",
+            "--latency",
+            "-s",
+            str(script),
+            f"http://127.0.0.1:{port}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    lat = {p: _ms(v) for p, v in re.findall(r"^\s+(50|99)%\s+(\S+)", out, re.M)}
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        raise RuntimeError(f"wrk saw {errors.group(1)} error responses:\n{out}")
+    return {"rps": rps, "p50_ms": lat.get("50"), "p99_ms": lat.get("99")}
+
+
+def _ms(value: str) -> float:
+    num, unit = re.match(r"([\d.]+)(\w+)", value).groups()
+    return float(num) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
+
+
+def _conversation(tok, tokens: int) -> list[dict]:
+    """A system prompt and alternating turns of corpus text totalling about ``tokens``."""
+    from importlib import resources
+
+    words = (
+        resources.files("gyre_env.engines").joinpath("tiny_corpus.txt").read_text("utf-8").split()
+    )
+    msgs = [{"role": "system", "content": "You are a coding agent."}]
+    total, k = 0, 0
+    while total < tokens - 400:
+        text = " ".join(words[(k * 131 + j) % len(words)] for j in range(min(300, tokens // 4)))
+        msgs.append({"role": "user" if k % 2 == 0 else "assistant", "content": text})
+        total += len(tok.backend_tokenizer.encode(text, add_special_tokens=False).ids) + 5
+        k += 1
+    if msgs[-1]["role"] == "assistant":
+        msgs.append({"role": "user", "content": "Go on."})
+    return msgs
+
+
+def per_turn(
+    proxy_port: int, bare_port: int, contexts: list[int], sessions: int, turns: int
+) -> dict:
+    from gyre_env.engines.tiny import load_tokenizer
+
+    tok = load_tokenizer()
+    out = {}
+    for n in contexts:
+        base = _conversation(tok, n)
+        proxy_ms, bare_ms, prompt_tokens = [], [], []
+        for s in range(sessions):
+            path = f"/s/turn-{n}-{s}-{os.getpid()}/v1/chat/completions"
+            msgs = list(base)
+            reply = json.loads(
+                _post(proxy_port, path, json.dumps({"model": "m", "messages": msgs}).encode())
+            )
+            for t in range(turns):
+                msgs += [
+                    reply["choices"][0]["message"],
+                    {"role": "user", "content": f"Now step {t}."},
+                ]
+                body = json.dumps({"model": "m", "messages": msgs}).encode()
+                t0 = time.perf_counter()
+                raw = _post(proxy_port, path, body)
+                proxy_ms.append((time.perf_counter() - t0) * 1e3)
+                t0 = time.perf_counter()
+                _post(bare_port, path, body)
+                bare_ms.append((time.perf_counter() - t0) * 1e3)
+                reply = json.loads(raw)
+                prompt_tokens.append(reply["usage"]["prompt_tokens"])
+        p, b = statistics.median(proxy_ms), statistics.median(bare_ms)
+        out[n] = {
+            "prompt_tokens": int(statistics.median(prompt_tokens)),
+            "proxy_ms": p,
+            "bare_ms": b,
+            "added_ms": p - b,
+        }
+    return out
+
+
+def run(args: argparse.Namespace) -> None:
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: apt-get install wrk")
+    tmp = Path(tempfile.mkdtemp(prefix="gyre-proxy-bench-"))
+    proxy_port, bare_port = _free_port(), _free_port()
+    procs = [_start("proxy", proxy_port, tmp), _start("bare", bare_port, tmp)]
+    try:
+        print(f"load average before: {os.getloadavg()[0]:.2f} (2-core machines: expect noise)")
+        for port in (proxy_port, bare_port):  # warm-up
+            wrk(port, 4, 1, False, tmp)
+        lat = {
+            name: wrk(port, 1, args.duration, False, tmp)
+            for name, port in (("proxy", proxy_port), ("bare", bare_port))
+        }
+        print("\n== one connection, non-streaming (wrk) ==")
+        for name in ("proxy", "bare"):
+            r = lat[name]
+            print(
+                f"{name:6s} p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms  {r['rps']:,.0f} req/s"
+            )
+        print(
+            f"added  p50 {lat['proxy']['p50_ms'] - lat['bare']['p50_ms']:+.3f} ms  "
+            f"p99 {lat['proxy']['p99_ms'] - lat['bare']['p99_ms']:+.3f} ms  (target p50 <= 1 ms)"
+        )
+        print("\n== throughput (wrk, req/s) ==")
+        for conns in (16, 128):
+            for stream in (False, True):
+                p = wrk(proxy_port, conns, args.duration, stream, tmp)["rps"]
+                b = wrk(bare_port, conns, args.duration, stream, tmp)["rps"]
+                kind = "stream" if stream else "plain"
+                print(
+                    f"{conns:4d} conns {kind:6s}  proxy {p:8,.0f}  bare {b:8,.0f}  ratio {p / b:.2f}  (target >= 0.60)"
+                )
+        print("\n== one more turn at context N (median of sequential calls) ==")
+        turns = per_turn(proxy_port, bare_port, args.contexts, args.sessions, args.turns)
+        for r in turns.values():
+            print(
+                f"context {r['prompt_tokens']:7,d} tokens  proxy {r['proxy_ms']:7.2f} ms  bare {r['bare_ms']:7.2f} ms"
+                f"  added {r['added_ms']:6.2f} ms"
+            )
+        first, last = turns[args.contexts[0]], turns[args.contexts[-1]]
+        print(
+            f"added latency {args.contexts[-1]} vs {args.contexts[0]}: "
+            f"{last['added_ms'] / max(first['added_ms'], 1e-6):.2f}x  (target <= 2x)"
+        )
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not args.no_engine:
+        from gyre_env.engines.throughput import measure_embedded_throughput
+
+        print("\n== embedded engine (tiny model, greedy, 64 prompt + 64 new tokens) ==")
+        print(measure_embedded_throughput(batch_sizes=(1, 8), repeats=2).summary())
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[1000, 32000, 128000])
+    parser.add_argument("--sessions", type=int, default=3, help="sessions per context size")
+    parser.add_argument("--turns", type=int, default=8, help="timed turns per session")
+    parser.add_argument("--no-engine", action="store_true", help="skip the embedded engine figures")
+    parser.add_argument("--serve", choices=["proxy", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--records", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve == "proxy":
+        serve_proxy(args.port, args.records)
+    elif args.serve == "bare":
+        serve_bare(args.port)
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()
