@@ -27,6 +27,8 @@ from pathlib import Path
 from gyre_env._optional import require
 
 TINY_MODEL_NAME = "tiny-v1"
+BUILD_RECIPE = 1
+"""Bump when build_tokenizer/build_tiny_model change what they write (new cache folder)."""
 MARKER_FILE = "gyre-tiny.json"
 """Written last inside the folder; a folder without it is incomplete and is rebuilt."""
 
@@ -106,7 +108,7 @@ CHAT_TEMPLATE = r"""
 
 @dataclass(kw_only=True)
 class TinyModelConfig:
-    """Shape of the built-in model. Changing any field changes the cache folder's name."""
+    """Shape of the built-in model. Any change gives a new cache folder (see fingerprint)."""
 
     seed: int = 0
     """Seeds the weights (the tokenizer is trained deterministically from the corpus)."""
@@ -125,7 +127,9 @@ class TinyModelConfig:
     greedy decoding then has clear winners, not near-ties decided by rounding."""
 
     def fingerprint(self) -> str:
+        """Hash of everything the model is built from: this config, corpus, template, recipe."""
         blob = json.dumps(asdict(self), sort_keys=True) + _corpus_text() + CHAT_TEMPLATE
+        blob += f"recipe-{BUILD_RECIPE}"
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -143,11 +147,7 @@ def tiny_model_path(config: TinyModelConfig | None = None, root: str | Path | No
     """
     config = config or TinyModelConfig()
     base = Path(root) if root is not None else cache_root()
-    name = (
-        TINY_MODEL_NAME
-        if config == TinyModelConfig()
-        else f"{TINY_MODEL_NAME}-{config.fingerprint()}"
-    )
+    name = f"{TINY_MODEL_NAME}-{config.fingerprint()}"  # a changed recipe gets a new folder
     target = base / "models" / name
     if (target / MARKER_FILE).is_file():
         return target

@@ -58,7 +58,7 @@ def test_concurrent_first_use_builds_once(tmp_path):
 
 
 def test_incomplete_folder_is_rebuilt(tmp_path):
-    folder = tmp_path / "models" / "tiny-v1"
+    folder = tmp_path / "models" / f"tiny-v1-{TinyModelConfig().fingerprint()}"
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{truncated")
     assert tiny_model_path(root=tmp_path) == folder
