@@ -238,8 +238,9 @@ class NL2RepoEnv(gym.Env):
             else ""
         )
         return (
-            f"You are in an empty workspace ({self.sandbox.workspace}). Implement the "
-            "specification below as files in this workspace. Hidden tests will grade your "
+            # No absolute path here: it differs between sandboxes, the prompt must not.
+            "You are in an empty workspace (commands and file paths start there). Implement "
+            "the specification below as files in this workspace. Hidden tests will grade your "
             f"work when you call `submit` (or when the limits run out: {self.max_steps} "
             f"steps, {self.wall_clock_s:.0f} seconds). {visible}Tools: {names}. There is "
             "no network access.\n\n# Specification\n\n" + task.spec

@@ -67,6 +67,8 @@ def main(plan_path: str) -> int:
     _write_shims(grader, python)
     ini = os.path.join(repo, "pytest.ini") if "pytest.ini" in hidden_files else None
     env = _command_env(grader, home, userbase, tmp, ini or os.path.join(grader, "pytest.ini"))
+    if plan.get("pytest_plugins") is not None:
+        env["GYRE_GRADER_PLUGINS"] = json.dumps(plan["pytest_plugins"])
     deadline = time.monotonic() + float(plan["timeout_s"])
     results = []
     for i, step in enumerate(plan["commands"]):

@@ -18,6 +18,14 @@ import sys
 
 
 def _image_plugins() -> list[str]:
+    """The plugin modules to load: the grader's list, else the image's entry points."""
+    import json
+
+    if os.environ.get("GYRE_GRADER_PLUGINS") is not None:
+        names = json.loads(os.environ["GYRE_GRADER_PLUGINS"])
+        for module in names:
+            __import__(module)  # a missing plugin the grader asked for is a grader error
+        return names
     from importlib import metadata
 
     try:

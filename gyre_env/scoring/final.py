@@ -50,6 +50,9 @@ class GradingConfig:
     """On a suspect run, grade the gold (or empty) workspace to decide who is to blame."""
     timeout_s: float | None = None
     """Limit for all test commands together; default: the task's ``grading_timeout_s``."""
+    pytest_plugins: list[str] | None = None
+    """Plugin modules pytest loads in the evaluator; None: every ``pytest11`` entry point
+    of the image's own Python (never the workspace's). ``[]`` loads none (fastest)."""
 
 
 @dataclass(kw_only=True)
@@ -253,6 +256,7 @@ def _run_in(sandbox, task: Task, workspace, config: GradingConfig) -> GradingRes
             "remove": list(task.remove_before_grading),
             "timeout_s": timeout,
             "privilege_drop": config.privilege_drop,
+            "pytest_plugins": config.pytest_plugins,
             "commands": [{"command": c.command, "report": c.junit_path} for c in commands],
         }
         (grader / "plan.json").write_text(json.dumps(plan))
