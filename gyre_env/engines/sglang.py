@@ -142,11 +142,15 @@ class SGLangEngine:
         """Launch the server if configured to, wait until healthy, read context and version."""
         if self.config.url is None and self._process is None:
             self._launch()
-        await self._wait_healthy(self.config.launch_timeout_s if self._process else 30.0)
-        if not self.config.context_length:
-            models = await self._request("GET", "/v1/models")
-            self.context_length = int(models["data"][0]["max_model_len"])
-        await self.refresh_weight_version()
+        try:
+            await self._wait_healthy(self.config.launch_timeout_s if self._process else 30.0)
+            if not self.config.context_length:
+                models = await self._request("GET", "/v1/models")
+                self.context_length = int(models["data"][0]["max_model_len"])
+            await self.refresh_weight_version()
+        except BaseException:
+            self.close()  # a server we launched must not outlive a failed start
+            raise
         return self
 
     def _launch(self) -> None:
