@@ -56,11 +56,18 @@ def _with_summary(records):
     return records + [summary, compact]
 
 
+def _two_groups():
+    r1, e1 = grpo_group(group_size=2, prompt_len=40, turns=2, turn_tokens=16)
+    r2, e2 = nl2repo_group(spec_len=60, group_size=2, main_tokens=40, sub_tokens=20, turns=2)
+    return r1 + r2, e1 + e2
+
+
 CASES = {
     "grpo_shared_prompt": lambda: grpo_group(group_size=4, prompt_len=48, turns=3, turn_tokens=20),
     "sub_agents_and_summary": lambda: (lambda r, e: (_with_summary(r), e))(
         *nl2repo_group(spec_len=120, group_size=3, main_tokens=60, sub_tokens=30, turns=4)
     ),
+    "two_groups_one_unit": _two_groups,
 }
 
 
