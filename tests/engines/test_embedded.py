@@ -208,6 +208,21 @@ def test_abandoned_stream_frees_its_row(engine, prompts):
     assert asyncio.run(abandon())["running"] == 0
 
 
+def test_cancelled_generate_frees_its_row(engine, prompts):
+    async def cancel():
+        long = SamplingParams(max_new_tokens=5000, temperature=0)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(engine.generate(prompts[1], long), timeout=0.2)
+        for _ in range(100):
+            health = await engine.health()
+            if health["running"] == 0 and health["queued"] == 0:
+                break
+            await asyncio.sleep(0.02)
+        return health
+
+    assert asyncio.run(cancel())["running"] == 0
+
+
 def test_bad_requests_name_the_problem(engine):
     with pytest.raises(ValueError, match="non-empty"):
         asyncio.run(engine.generate([], GREEDY))
