@@ -180,6 +180,13 @@ class ModelServiceConfig:
     """Cap on the model's context (None: the model's own)."""
     sandbox_port: int = 8765
     """Port of the proxy route inside sandboxes."""
+    upstream_base_url: str | None = None
+    """Forward every call to this OpenAI/Anthropic-compatible API instead of an engine
+    (the proxy's passthrough: text-level records; token ids only if the upstream gives them)."""
+    upstream_api: str = "openai"
+    """``openai`` or ``anthropic``: the upstream's API."""
+    upstream_api_key: str | None = None
+    """The upstream's key (None: ``$GYRE_UPSTREAM_API_KEY``, else none is sent)."""
 
 
 class ModelService:
@@ -198,6 +205,9 @@ class ModelService:
         from gyre_env.proxy.server import ProxyConfig, ProxyServer
 
         engines, tokenizer = self._engines, self._tokenizer
+        if self.config.upstream_base_url is not None:
+            self.proxy = ProxyServer(ProxyConfig(), sink=self.tap, upstream=self._upstream())
+            return self._start_proxy()
         if engines is None:
             from gyre_env.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
             from gyre_env.engines.tiny import load_tokenizer
@@ -216,6 +226,16 @@ class ModelService:
             ]
             tokenizer = tokenizer or load_tokenizer(path)
         self.proxy = ProxyServer(ProxyConfig(), engines=engines, tokenizer=tokenizer, sink=self.tap)
+        return self._start_proxy()
+
+    def _upstream(self):
+        from gyre_env.proxy.passthrough import UpstreamConfig
+
+        cfg = self.config
+        key = cfg.upstream_api_key or os.environ.get("GYRE_UPSTREAM_API_KEY")
+        return UpstreamConfig(base_url=cfg.upstream_base_url, api=cfg.upstream_api, api_key=key)
+
+    def _start_proxy(self) -> ModelService:
         self.proxy.app = InflightCounter(self.proxy.app, self.tap)
         self.proxy.start()
         self._dir = tempfile.mkdtemp(prefix="gyre-route-")
@@ -232,6 +252,9 @@ class ModelService:
 
     @property
     def context_length(self) -> int:
+        """The engine's context (an upstream's is unknown: ``config.context_length`` or 128k)."""
+        if self.proxy.core is None:
+            return int(self.config.context_length or 131072)
         return int(self.proxy.core.context_length)
 
     def endpoint(self, session: str, model: str = "tiny") -> ModelEndpoint:

@@ -43,7 +43,10 @@ class BenchConfig:
     """Embedded engine: a local HF model folder (default: the built-in tiny model). With
     ``base_url``: the upstream model name."""
     base_url: str | None = None
-    """An OpenAI-compatible upstream; the agent calls it directly (no TITO records)."""
+    """An OpenAI- or Anthropic-compatible upstream: the proxy forwards to it (passthrough,
+    text-level records); its key comes from ``$GYRE_UPSTREAM_API_KEY``."""
+    api: str = "openai"
+    """The upstream's API with ``base_url``: ``openai`` or ``anthropic``."""
     script: str | None = None
     """For ``scripted``: a JSON file with a list of tool calls replayed in every episode."""
     out_dir: str = "bench-out"
@@ -147,9 +150,14 @@ def run_bench(cfg: BenchConfig) -> BenchRun:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     service = None
-    if _needs_model(agent) and cfg.base_url is None:
+    if _needs_model(agent):
         service = ModelService(
-            ModelServiceConfig(model=cfg.model, records_path=str(out / "records.jsonl"))
+            ModelServiceConfig(
+                model=None if cfg.base_url else cfg.model,
+                records_path=str(out / "records.jsonl"),
+                upstream_base_url=cfg.base_url,
+                upstream_api=cfg.api,
+            )
         ).start()
     try:
         env_kwargs = episode_env_kwargs(cfg, agent, service, tasks)
@@ -194,8 +202,6 @@ def _run(cfg: BenchConfig, agent, service, specs, out: Path):
     endpoint_factory = None
     if service is not None:
         endpoint_factory = lambda session: service.endpoint(session, cfg.model or "tiny")  # noqa: E731
-    elif cfg.base_url is not None:
-        endpoint_factory = _upstream_endpoints(cfg)
     runner = Runner(
         agent,
         RunnerConfig(
@@ -213,21 +219,6 @@ def _run(cfg: BenchConfig, agent, service, specs, out: Path):
         if bar is not None:
             bar.close()
     return results, time.monotonic() - start
-
-
-def _upstream_endpoints(cfg: BenchConfig):
-    from gyre_env.agents.base import ModelEndpoint
-
-    log.warning(
-        "--base-url: the agent calls %s directly; no TITO records are captured", cfg.base_url
-    )
-    return lambda session: ModelEndpoint(
-        base_url=cfg.base_url,
-        model=cfg.model or "default",
-        session=session,
-        sandbox_base_url=None,
-        context_length=32768,
-    )
 
 
 def episode_env_kwargs(cfg: BenchConfig, agent, service, tasks) -> dict:

@@ -49,7 +49,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="local HF model folder for the embedded engine (default: tiny); "
         "with --base-url, the upstream model name",
     )
-    p.add_argument("--base-url", default=None, help="OpenAI-compatible upstream base URL")
+    p.add_argument(
+        "--base-url",
+        default=None,
+        help="forward model calls to this OpenAI/Anthropic-compatible API through the "
+        "proxy (key from $GYRE_UPSTREAM_API_KEY)",
+    )
+    p.add_argument(
+        "--api", default="openai", choices=("openai", "anthropic"), help="the API of --base-url"
+    )
     p.add_argument("--script", default=None, help="JSON list of tool calls for --agent scripted")
     p.add_argument("--out", default="bench-out", help="output folder")
     p.add_argument("--time-limit", type=float, default=None, help="seconds per episode")
@@ -79,6 +87,7 @@ def _bench(args: argparse.Namespace) -> int:
         parallel=args.parallel,
         model=args.model,
         base_url=args.base_url,
+        api=args.api,
         script=args.script,
         out_dir=args.out,
         time_limit_s=args.time_limit,

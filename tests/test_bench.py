@@ -125,3 +125,57 @@ def test_sigterm_cancels_the_bench_and_closes_its_sandboxes(tmp_path):
     assert time.monotonic() - start < 60
     assert _containers_of(proc.pid) == []
     assert not os.path.exists(tmp_path / "out" / "report.html")  # no report for a cancelled run
+
+
+def test_langgraph_through_an_upstream_passthrough(tmp_path):
+    """``--base-url``: the bench's proxy forwards the agent's calls to an OpenAI-compatible
+    upstream (here another Gyre proxy serving a scripted policy: our own code, standing in
+    for a hosted API) and records them; the policy writes the gold file and submits."""
+    from gyre_env.agents.serving import ModelService, ModelServiceConfig
+
+    from gyre_env.engines.tiny import load_tokenizer
+    from gyre_env.proxy.records import read_jsonl
+    from gyre_env.proxy.scripted import ScriptedEngine
+    from gyre_env.tasks import get_task
+
+    tok = load_tokenizer()
+    gold = (get_task("micro-lru-cache").gold_dir / "lru.py").read_text()
+
+    def call(name, arguments):
+        body = json.dumps({"name": name, "arguments": arguments})
+        return f"<tool_call>\n{body}\n</tool_call><|im_end|>"
+
+    def script(prompt_ids, params):
+        done = "bytes to lru.py" in tok.decode(prompt_ids)
+        text = (
+            call("submit", {}) if done else call("write_file", {"path": "lru.py", "content": gold})
+        )
+        return tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+
+    upstream = ModelService(ModelServiceConfig(), engines=[ScriptedEngine(script)], tokenizer=tok)
+    upstream.start()
+    out = tmp_path / "bench"
+    try:
+        rc = bench_cli.main(
+            [
+                "--agent",
+                "langgraph",
+                "--tasks",
+                "micro-lru-cache",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--base-url",
+                f"{upstream.proxy.base_url}/v1",
+                "--model",
+                "hosted-model",
+            ]
+        )
+    finally:
+        upstream.stop()
+    assert rc == 0
+    [result] = json.loads((out / "results.json").read_text())["results"]
+    assert result["outcome"] == "success" and result["score"] == 1.0, result
+    records = read_jsonl(out / "records.jsonl")
+    assert len(records) == result["model_calls"] == 2
+    assert {r.session for r in records} == {"micro-lru-cache.0"}
