@@ -10,10 +10,12 @@ tree does not need), an NL2Repo-shaped group (a ~6k-token spec shared by a group
 sub-agent branches starting from the main context halfway through), and, with
 ``--records``, trees built from real TITO records (a proxy ``JsonlSink`` file).
 
-Each (scenario, layout) is measured in a fresh subprocess: peak memory is the RSS
-high-water mark of the fwd+bwd step above the RSS just before it (the peak is reset via
+Peak memory is measured in a fresh subprocess per (scenario, layout): the RSS high-water
+mark of the fwd+bwd step above the RSS just before it (the peak is reset via
 ``/proc/self/clear_refs``), which sees torch's allocations that tracemalloc would not.
-The flat run also recomputes the tree's logprobs and reports the largest difference.
+Time is measured in one more subprocess that alternates flat and tree steps (so load on
+a shared machine falls on both alike) and keeps the best process-CPU time of each; it
+then compares the logprobs of every loss token between the two layouts.
 
     python benchmarks/tree_packing.py                 # all synthetic scenarios
     python benchmarks/tree_packing.py --records calls.jsonl --episodes episodes.jsonl
@@ -95,8 +97,7 @@ def _step(model, packed, layouts, norm) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def measure(args) -> dict:
-    """Run in a fresh process: one scenario, one layout."""
+def _prepare(args, flat: bool):
     import torch
     from gyre_env.trainers.tree_attention import TreeBlockLayout
 
@@ -104,40 +105,71 @@ def measure(args) -> dict:
 
     torch.set_num_threads(args.threads)
     trees, units = _units(args, args.measure)
-    flat = args.layout == "flat"
     packed = [pack(u, flat=flat) for u in units]
-    vocab = max(args.vocab, 1 + max(int(p.input_ids.max()) for p in packed))
-    model = _model(args, vocab)
     layouts = [TreeBlockLayout(p.parent_index, args.block_size) for p in packed]
-    norm = float(sum(p.num_loss_tokens for p in packed))
+    return trees, units, packed, layouts
+
+
+def measure_memory(args) -> dict:
+    """Fresh process, one layout: RSS high-water of the first fwd+bwd above the RSS before it."""
+    import torch
+
+    trees, units, packed, layouts = _prepare(args, flat=args.layout == "flat")
+    vocab = _vocab(args, units)
+    model = _model(args, vocab)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)  # gradient buffers exist in both layouts before the step
+    norm = float(sum(p.num_loss_tokens for p in packed))
     before = _rss_kib("VmRSS")
     try:
         with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")  # reset the RSS high-water mark
+            fh.write("5")  # reset the RSS high-water mark (VmHWM)
         peak_field = "VmHWM"
     except OSError:
         peak_field = "maxrss"
-    first = _step(model, packed, layouts, norm)
+    _step(model, packed, layouts, norm)
     peak = _rss_kib(peak_field) - before
-    # best of the steps: on a shared machine other processes only ever add time
-    times = [first] + [_step(model, packed, layouts, norm) for _ in range(args.repeats)]
-    out = {
+    return {
         "tokens": int(sum(len(p) for p in packed)),
         "loss_tokens": int(norm),
         "pairs": int(sum(layout.pairs for layout in layouts)),
-        "time_s": min(t[0] for t in times),
-        "cpu_s": min(t[1] for t in times),
+        "macs": _forward_macs(args, vocab, packed, layouts),
         "peak_mib": peak / 1024,
         "units": len(units),
-        "macs": _forward_macs(args, vocab, packed, layouts),
         "sharing": sum(t.flat_tokens - t.num_tokens for t in trees)
         / max(1, sum(t.flat_tokens for t in trees)),
     }
-    if flat and not args.no_exactness:
+
+
+def measure_time(args) -> dict:
+    """One process, both layouts, steps interleaved flat/tree so load on a shared machine
+    hits both alike; best of ``repeats + 1`` each. Then the exactness check."""
+    _, units, flat_p, flat_l = _prepare(args, flat=True)
+    _, _, tree_p, tree_l = _prepare(args, flat=False)
+    model = _model(args, _vocab(args, units))
+    norm = float(sum(p.num_loss_tokens for p in flat_p))
+    runs: dict[str, list] = {"flat": [], "tree": []}
+    for _ in range(args.repeats + 1):
+        runs["flat"].append(_step(model, flat_p, flat_l, norm))
+        runs["tree"].append(_step(model, tree_p, tree_l, norm))
+    out = {
+        f"{k}_{what}": min(t[i] for t in v)
+        for k, v in runs.items()
+        for i, what in enumerate(("wall_s", "cpu_s"))
+    }
+    if not args.no_exactness:
         out["max_abs_diff"] = _exactness(model, units, args)
     return out
+
+
+def _vocab(args, units) -> int:
+    top = max(
+        int(n.tokens.max())
+        for u in units
+        for part in u.parts
+        for n in (part.tree.nodes[i] for i in part.nodes)
+    )
+    return max(args.vocab, top + 1)
 
 
 def _forward_macs(args, vocab: int, packed, layouts) -> int:
@@ -206,14 +238,16 @@ def _run_child(args, name: str, layout: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.measure:
-        print(json.dumps(measure(args)))
+        fn = measure_time if args.layout == "both" else measure_memory
+        print(json.dumps(fn(args)))
         return 0
     names = list(args.scenarios) + (["records"] if args.records else [])
     print(
         f"tiny model d={args.d_model} layers={args.layers} heads={args.heads}; "
         f"block {args.block_size}; threads {args.threads}; best of {args.repeats + 1} steps\n"
         "mac x: ratio of forward multiply-adds (linear + attention pairs + LM head); "
-        "cpu: process CPU seconds of one fwd+bwd; wall x: wall-clock ratio;\n"
+        "cpu: process CPU seconds of one fwd+bwd (flat and tree steps interleaved);\n"
+        "wall x: wall-clock ratio; "
         "MiB: RSS high-water of the step above the RSS before it"
     )
     head = (
@@ -226,14 +260,17 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         flat = _run_child(args, name, "flat")
         tree = _run_child(args, name, "tree")
-        results[name] = {"flat": flat, "tree": tree}
+        timing = _run_child(args, name, "both")
+        results[name] = {"flat": flat, "tree": tree, "time": timing}
         print(
             f"{name:<10}{tree['sharing']:>8.1%}{flat['tokens']:>10}{tree['tokens']:>10}"
             f"{tree['tokens'] / flat['tokens']:>7.2f}{tree['macs'] / flat['macs']:>7.2f}"
-            f"{flat['cpu_s']:>9.2f}{tree['cpu_s']:>9.2f}"
-            f"{tree['cpu_s'] / flat['cpu_s']:>7.2f}{tree['time_s'] / flat['time_s']:>7.2f}"
+            f"{timing['flat_cpu_s']:>9.2f}{timing['tree_cpu_s']:>9.2f}"
+            f"{timing['tree_cpu_s'] / timing['flat_cpu_s']:>7.2f}"
+            f"{timing['tree_wall_s'] / timing['flat_wall_s']:>7.2f}"
             f"{flat['peak_mib']:>10.0f}{tree['peak_mib']:>10.0f}"
-            f"{tree['peak_mib'] / flat['peak_mib']:>7.2f}{flat.get('max_abs_diff', float('nan')):>10.1e}",
+            f"{tree['peak_mib'] / flat['peak_mib']:>7.2f}"
+            f"{timing.get('max_abs_diff', float('nan')):>10.1e}",
             flush=True,
         )
     if args.json_out:
@@ -267,7 +304,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-exactness", action="store_true", help="skip the logprob comparison")
     p.add_argument("--json-out", help="also write the raw figures here")
     p.add_argument("--measure", help=argparse.SUPPRESS)
-    p.add_argument("--layout", choices=("tree", "flat"), help=argparse.SUPPRESS)
+    p.add_argument("--layout", choices=("tree", "flat", "both"), help=argparse.SUPPRESS)
     return p
 
 
