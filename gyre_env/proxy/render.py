@@ -53,6 +53,8 @@ class ChatRenderer:
         self.stop_token_ids = list(stop_token_ids)
         self._stop_set = frozenset(self.stop_token_ids)
         self._closing: str | None = None
+        self._template_vars: dict = {}
+        self._template = self._compile_direct()
 
     # -- text <-> ids ---------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -78,6 +80,14 @@ class ChatRenderer:
     ) -> str:
         """The full prompt text of a conversation."""
         try:
+            if self._template is not None:
+                return self._template.render(
+                    messages=messages,
+                    tools=tools or None,
+                    documents=None,
+                    add_generation_prompt=generation_prompt,
+                    **self._template_vars,
+                )
             return self.tokenizer.apply_chat_template(
                 messages,
                 tools=tools or None,
@@ -86,6 +96,48 @@ class ChatRenderer:
             )
         except Exception as e:  # jinja raises many types; all mean "cannot render this"
             raise TemplateError(f"the chat template cannot render these messages: {e}") from e
+
+    def _compile_direct(self):
+        """The tokenizer's template compiled once and rendered directly: ``apply_chat_template``
+        deep-copies every message first, which costs more than the render. Used only if it
+        renders a probe conversation exactly as ``apply_chat_template`` does."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            if not isinstance(template, str):
+                return None
+            compiled = _compile_jinja_template(template)
+        except Exception:  # another transformers version: keep the public path
+            return None
+        self._template_vars = dict(getattr(self.tokenizer, "special_tokens_map", {}) or {})
+        fn = {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}}
+        call = {"id": "1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}
+        probe = [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u \u00e9"},
+            {"role": "assistant", "content": "a", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "1", "content": "r"},
+            {"role": "user", "content": "v"},
+        ]
+        for tools in ([{"type": "function", "function": fn}], None):
+            for gen in (True, False):
+                try:
+                    want = self.tokenizer.apply_chat_template(
+                        probe, tools=tools, tokenize=False, add_generation_prompt=gen
+                    )
+                    got = compiled.render(
+                        messages=probe,
+                        tools=tools,
+                        documents=None,
+                        add_generation_prompt=gen,
+                        **self._template_vars,
+                    )
+                except Exception:
+                    return None
+                if got != want:
+                    return None
+        return compiled
 
     def render_delta(
         self, head: list[dict], reply: dict, new: list[dict], tools: list[dict] | None
