@@ -179,3 +179,30 @@ def test_langgraph_through_an_upstream_passthrough(tmp_path):
     records = read_jsonl(out / "records.jsonl")
     assert len(records) == result["model_calls"] == 2
     assert {r.session for r in records} == {"micro-lru-cache.0"}
+
+
+def test_rollouts_example_runs(tmp_path):
+    """``examples/rollouts.py`` with tiny budgets: LangGraph + tiny model + runner."""
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "rollouts.py")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            example,
+            "--episodes",
+            "2",
+            "--parallel",
+            "2",
+            "--max-steps",
+            "2",
+            "--max-new-tokens",
+            "16",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "episodes 2, completed 2, valid 2" in proc.stdout
+    assert len((tmp_path / "out" / "results.jsonl").read_text().splitlines()) == 2
