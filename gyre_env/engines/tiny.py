@@ -2,13 +2,14 @@
 
 Gyre must run end to end on a CPU with no model hub, so the default model is made here on
 first use and cached as an ordinary Hugging Face model folder (``config.json``,
-``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json`` with a chat template).
+``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json``, and the chat template
+that transformers saves beside them, ``chat_template.jinja``).
 Nothing is downloaded. The model is random, so its text is gibberish; what matters is that
 every piece of the pipeline (chat rendering, tool-call tokens, multi-byte UTF-8 split
 between byte-level tokens, 128k-token contexts, logprobs, weight updates) is exercised.
 
 Creation is deterministic: the same ``TinyModelConfig`` gives identical token ids and
-identical weights, on any machine with the same torch build. It takes about a second.
+identical weights, on any machine with the same torch build. It takes a few seconds.
 """
 
 from __future__ import annotations
