@@ -60,7 +60,19 @@ CREATE TABLE IF NOT EXISTS calls (
     UNIQUE (session, call_index));
 CREATE INDEX IF NOT EXISTS calls_version ON calls(weight_version);
 """
-_META_FIELDS = ("sampling", "finish_reason", "timings", "replica", "api", "created", "extra")
+# CallRecord fields kept as columns; every other field goes into the JSON ``meta`` column,
+# so fields the proxy adds later round-trip without a schema change.
+_COLUMN_FIELDS = {
+    "session",
+    "call_index",
+    "branch",
+    "parent",
+    "role",
+    "prompt_ids",
+    "output_ids",
+    "output_logprobs",
+    "weight_version",
+}
 # The latest outcome row of each session (outcomes are appended, never updated).
 _LATEST_OUTCOME = """
 LEFT JOIN (SELECT o.session, o.outcome, o.reward, o.step_rewards FROM outcomes o
@@ -132,7 +144,9 @@ class TrajectoryStore:
         if not readonly:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         uri = f"file:{self.path}?mode=ro" if readonly else f"file:{self.path}"
-        self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(
+            uri, uri=True, check_same_thread=False, isolation_level=None, timeout=30.0
+        )
         self._lock = threading.Lock()
         self._contexts: OrderedDict[str, dict[int, np.ndarray]] = OrderedDict()
         self._cache_sessions = cache_sessions
@@ -206,7 +220,13 @@ class TrajectoryStore:
         with self._lock:
             base_call, base_len = self._best_base(record, prompt)
             extra = record.extra or {}
-            meta = json.dumps({k: getattr(record, k) for k in _META_FIELDS})
+            meta = json.dumps(
+                {
+                    f: getattr(record, f)
+                    for f in CallRecord.__dataclass_fields__
+                    if f not in _COLUMN_FIELDS
+                }
+            )
             row = (
                 record.session,
                 record.call_index,
@@ -314,7 +334,7 @@ class TrajectoryStore:
                     output_ids=output.tolist(),
                     output_logprobs=np.frombuffer(lps, dtype="<f8").tolist(),
                     weight_version=wv,
-                    **json.loads(meta),
+                    **_known_meta(json.loads(meta)),
                 )
             )
         return sorted(out, key=lambda r: r.call_index)
@@ -453,6 +473,11 @@ class TrajectoryStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _known_meta(meta: dict) -> dict:
+    """Meta fields this version of ``CallRecord`` knows (a newer writer may have added more)."""
+    return {k: v for k, v in meta.items() if k in CallRecord.__dataclass_fields__}
 
 
 def _latest_per_branch(

@@ -29,6 +29,10 @@ class _Episode:
         """Record one call; returns its full context (prompt + output)."""
         out = self.tokens(n_out)
         lp = (-self.rng.exponential(1.0, size=n_out)).astype(float).tolist()
+        prefix = 0
+        if parent is not None:  # what the proxy reports: ids copied from the parent context
+            prev = self.records[parent]
+            prefix = len(prev.prompt_ids) + len(prev.output_ids)
         rec = CallRecord(
             session=self.session,
             call_index=len(self.records),
@@ -39,6 +43,7 @@ class _Episode:
             output_ids=out,
             output_logprobs=lp,
             weight_version=self.wv,
+            prefix_len=prefix,
         )
         self.records.append(rec)
         return list(prompt) + out
