@@ -28,7 +28,7 @@ from pathlib import Path
 from gyre_env._optional import require
 
 TINY_MODEL_NAME = "tiny-v1"
-BUILD_RECIPE = 1
+BUILD_RECIPE = 2
 """Bump when build_tokenizer/build_tiny_model change what they write (new cache folder)."""
 MARKER_FILE = "gyre-tiny.json"
 """Written last inside the folder; a folder without it is incomplete and is rebuilt."""
@@ -226,7 +226,7 @@ def build_tiny_model(folder: str | Path, config: TinyModelConfig | None = None) 
     )
     hf_tok.chat_template = CHAT_TEMPLATE
     hf_tok.save_pretrained(folder)
-    _set_tokenizer_class(folder, "Qwen2Tokenizer")
+    _finish_tokenizer_config(folder, "Qwen2Tokenizer")
     im_end = hf_tok.convert_tokens_to_ids("<|im_end|>")
     pad = hf_tok.convert_tokens_to_ids("<|endoftext|>")
 
@@ -268,10 +268,13 @@ def build_tiny_model(folder: str | Path, config: TinyModelConfig | None = None) 
     return folder
 
 
-def _set_tokenizer_class(folder: Path, name: str) -> None:
+def _finish_tokenizer_config(folder: Path, tokenizer_class: str) -> None:
+    """Name the tokenizer class, and keep the chat template in tokenizer_config.json too
+    (older transformers and other readers look there, not in chat_template.jinja)."""
     path = folder / "tokenizer_config.json"
     data = json.loads(path.read_text())
-    data["tokenizer_class"] = name
+    data["tokenizer_class"] = tokenizer_class
+    data["chat_template"] = CHAT_TEMPLATE
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
