@@ -1,5 +1,5 @@
+import iniparse
 import pytest
-from iniparse import IniError, dump_ini, parse_ini
 
 EXAMPLE = """
 ; a comment
@@ -11,33 +11,35 @@ motd = "  hi  "
 
 
 def test_example():
-    assert parse_ini(EXAMPLE) == {
+    assert iniparse.parse_ini(EXAMPLE) == {
         "server": {"host": "example.org", "port": "8080", "motd": "  hi  "}
     }
 
 
 def test_comments_blank_and_crlf():
     text = "# top\r\n[a]\r\n\r\n  ; indented comment\r\nx = 1\r\n"
-    assert parse_ini(text) == {"a": {"x": "1"}}
+    assert iniparse.parse_ini(text) == {"a": {"x": "1"}}
 
 
 def test_value_keeps_semicolon_and_first_equals_splits():
-    assert parse_ini("[s]\nurl = a=b ; c\n") == {"s": {"url": "a=b ; c"}}
+    assert iniparse.parse_ini("[s]\nurl = a=b ; c\n") == {"s": {"url": "a=b ; c"}}
 
 
 def test_reopened_section_and_empty_section():
     text = "[a]\nx=1\n[empty]\n[a]\ny=2\n"
-    result = parse_ini(text)
+    result = iniparse.parse_ini(text)
     assert result == {"a": {"x": "1", "y": "2"}, "empty": {}}
     assert list(result) == ["a", "empty"]
 
 
 def test_section_names_case_sensitive_keys_lowercased():
-    assert parse_ini("[A]\nK=1\n[a]\nk=2\n") == {"A": {"k": "1"}, "a": {"k": "2"}}
+    assert iniparse.parse_ini("[A]\nK=1\n[a]\nk=2\n") == {"A": {"k": "1"}, "a": {"k": "2"}}
 
 
 def test_quotes_only_when_both_ends():
-    assert parse_ini('[s]\na = "x\nb = ""\nc = "\n') == {"s": {"a": '"x', "b": "", "c": '"'}}
+    assert iniparse.parse_ini('[s]\na = "x\nb = ""\nc = "\n') == {
+        "s": {"a": '"x', "b": "", "c": '"'}
+    }
 
 
 @pytest.mark.parametrize(
@@ -52,8 +54,8 @@ def test_quotes_only_when_both_ends():
     ],
 )
 def test_errors_carry_line_numbers(text, lineno):
-    with pytest.raises(IniError) as info:
-        parse_ini(text)
+    with pytest.raises(iniparse.IniError) as info:
+        iniparse.parse_ini(text)
     assert info.value.lineno == lineno
     assert f"line {lineno}" in str(info.value)
     assert isinstance(info.value, ValueError)
@@ -61,6 +63,6 @@ def test_errors_carry_line_numbers(text, lineno):
 
 def test_dump_and_round_trip():
     data = {"b": {"k": "v", "pad": " x ", "empty": ""}, "a": {}}
-    text = dump_ini(data)
+    text = iniparse.dump_ini(data)
     assert text == '[b]\nk = v\npad = " x "\nempty = ""\n\n[a]\n'
-    assert parse_ini(text) == data
+    assert iniparse.parse_ini(text) == data

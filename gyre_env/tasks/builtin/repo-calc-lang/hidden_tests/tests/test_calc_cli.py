@@ -2,15 +2,15 @@ import io
 import subprocess
 import sys
 
+import calc.cli as cli
 import pytest
-from calc.cli import main
 
 EXAMPLE = "let r = 1/3\nr * 3; r + 1\ndef sq(x) = x * x\nsq(r) + undefined\n"
 
 
 def run(capsys, monkeypatch, argv, stdin=""):
     monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-    code = main(argv)
+    code = cli.main(argv)
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -1,12 +1,12 @@
 from fractions import Fraction
 
+import calc.errors as errors
+import calc.interpreter as interpreter
 import pytest
-from calc.errors import CalcRuntimeError, CalcSyntaxError
-from calc.interpreter import Interpreter, format_value
 
 
 def run(source):
-    return Interpreter().run(source)
+    return interpreter.Interpreter().run(source)
 
 
 def value(source):
@@ -65,26 +65,26 @@ def test_short_circuit():
 
 
 def test_let_and_variables():
-    interp = Interpreter()
+    interp = interpreter.Interpreter()
     assert interp.run("let x = 2; let y = x * 3; y + 1") == [2, 6, 7]
     assert interp.variables == {"x": 2, "y": 6}
     assert interp.run("x + y") == [8]
 
 
 def test_def_produces_no_value_and_functions_persist():
-    interp = Interpreter()
+    interp = interpreter.Interpreter()
     assert interp.run("def sq(x) = x * x") == []
     assert interp.run("sq(3) + sq(1/2)") == [Fraction(37, 4)]
 
 
 def test_function_sees_globals_at_call_time_and_params_shadow():
-    interp = Interpreter()
+    interp = interpreter.Interpreter()
     results = interp.run("let k = 2; let x = 100; def f(x) = x * k; f(1); let k = 3; f(1)")
     assert results == [2, 100, 2, 3, 3]
 
 
 def test_recursion_and_forward_reference():
-    interp = Interpreter()
+    interp = interpreter.Interpreter()
     interp.run("def fact(n) = if n <= 1 then 1 else n * fact(n - 1)")
     assert interp.run("fact(20)") == [2432902008176640000]
     interp.run("def even(n) = if n == 0 then true else odd(n - 1)")
@@ -93,16 +93,16 @@ def test_recursion_and_forward_reference():
 
 
 def test_redefinition_replaces_function():
-    interp = Interpreter()
+    interp = interpreter.Interpreter()
     assert interp.run("def f() = 1; f(); def f() = 2; f()") == [1, 2]
 
 
 def test_recursion_depth_limit():
-    interp = Interpreter()
+    interp = interpreter.Interpreter()
     definition = "def down(n) = if n == 0 then 0 else down(n - 1)"
     interp.run(definition)
     assert interp.run("down(99)") == [0]
-    with pytest.raises(CalcRuntimeError) as info:
+    with pytest.raises(errors.CalcRuntimeError) as info:
         interp.run("down(100)")
     assert info.value.message == "maximum recursion depth exceeded"
     # the 101st call is the recursive one, written inside the definition
@@ -154,18 +154,18 @@ def test_builtins(source, expected):
     ],
 )
 def test_runtime_errors(source, col, message):
-    with pytest.raises(CalcRuntimeError) as info:
+    with pytest.raises(errors.CalcRuntimeError) as info:
         run(source)
     assert (info.value.message, info.value.line, info.value.col) == (message, 1, col)
     assert str(info.value) == f"1:{col}: {message}"
 
 
 def test_user_function_arity_error():
-    interp = Interpreter()
+    interp = interpreter.Interpreter()
     interp.run("def one(a) = a; def two(a, b) = a")
-    with pytest.raises(CalcRuntimeError, match="one expects 1 argument, got 2"):
+    with pytest.raises(errors.CalcRuntimeError, match="one expects 1 argument, got 2"):
         interp.run("one(1, 2)")
-    with pytest.raises(CalcRuntimeError) as info:
+    with pytest.raises(errors.CalcRuntimeError) as info:
         interp.run("\n  two(1)")
     assert (info.value.line, info.value.col, info.value.message) == (
         2,
@@ -175,21 +175,21 @@ def test_user_function_arity_error():
 
 
 def test_cannot_redefine_builtin():
-    with pytest.raises(CalcRuntimeError) as info:
+    with pytest.raises(errors.CalcRuntimeError) as info:
         run("1; def abs(x) = x")
     assert (info.value.message, info.value.col) == ("cannot redefine builtin 'abs'", 8)
 
 
 def test_syntax_error_means_nothing_runs():
-    interp = Interpreter()
-    with pytest.raises(CalcSyntaxError):
+    interp = interpreter.Interpreter()
+    with pytest.raises(errors.CalcSyntaxError):
         interp.run("let a = 1\nlet b = (")
     assert interp.variables == {}
 
 
 def test_runtime_error_keeps_earlier_effects():
-    interp = Interpreter()
-    with pytest.raises(CalcRuntimeError):
+    interp = interpreter.Interpreter()
+    with pytest.raises(errors.CalcRuntimeError):
         interp.run("let a = 1; let b = 1/0; let c = 3")
     assert interp.variables == {"a": 1}
 
@@ -212,4 +212,4 @@ def test_runtime_error_keeps_earlier_effects():
     ],
 )
 def test_format_value(val, decimals, text):
-    assert format_value(val, decimals) == text
+    assert interpreter.format_value(val, decimals) == text

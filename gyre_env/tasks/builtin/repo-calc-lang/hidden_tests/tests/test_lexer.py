@@ -1,10 +1,10 @@
+import calc.errors as errors
+import calc.lexer as lexer
 import pytest
-from calc.errors import CalcError, CalcSyntaxError
-from calc.lexer import tokenize
 
 
 def kinds_texts(source):
-    return [(t.kind, t.text) for t in tokenize(source)]
+    return [(t.kind, t.text) for t in lexer.tokenize(source)]
 
 
 def test_simple_expression():
@@ -22,7 +22,7 @@ def test_incomplete_exponent_starts_a_name():
 
 
 def test_longest_operator_match():
-    ops = [t.text for t in tokenize("** // == != <= >= * / = < > % ; ,")][:-1]
+    ops = [t.text for t in lexer.tokenize("** // == != <= >= * / = < > % ; ,")][:-1]
     assert ops == ["**", "//", "==", "!=", "<=", ">=", "*", "/", "=", "<", ">", "%", ";", ","]
 
 
@@ -39,7 +39,7 @@ def test_keywords_vs_names():
 
 
 def test_positions_newlines_and_comments():
-    toks = tokenize("a = 1 # note\n  bb\r\n")
+    toks = lexer.tokenize("a = 1 # note\n  bb\r\n")
     assert [(t.kind, t.line, t.col) for t in toks] == [
         ("NAME", 1, 1),
         ("OP", 1, 3),
@@ -52,20 +52,20 @@ def test_positions_newlines_and_comments():
 
 
 def test_eof_position():
-    assert (tokenize("")[0].line, tokenize("")[0].col) == (1, 1)
-    eof = tokenize("ab\ncde")[-1]
+    assert (lexer.tokenize("")[0].line, lexer.tokenize("")[0].col) == (1, 1)
+    eof = lexer.tokenize("ab\ncde")[-1]
     assert (eof.kind, eof.line, eof.col) == ("EOF", 2, 4)
 
 
 def test_unexpected_character():
-    with pytest.raises(CalcSyntaxError) as info:
-        tokenize("1 +\n  $x")
+    with pytest.raises(errors.CalcSyntaxError) as info:
+        lexer.tokenize("1 +\n  $x")
     err = info.value
     assert (err.message, err.line, err.col) == ("unexpected character '$'", 2, 3)
     assert str(err) == "2:3: unexpected character '$'"
-    assert isinstance(err, CalcError)
+    assert isinstance(err, errors.CalcError)
 
 
 def test_lone_dot_is_not_part_of_number():
-    with pytest.raises(CalcSyntaxError, match="unexpected character '.'"):
-        tokenize("1.")
+    with pytest.raises(errors.CalcSyntaxError, match="unexpected character '.'"):
+        lexer.tokenize("1.")

@@ -1,10 +1,10 @@
+import calc.errors as errors
+import calc.parser as parser
 import pytest
-from calc.errors import CalcSyntaxError
-from calc.parser import dump, parse
 
 
 def tree(source):
-    return [dump(s) for s in parse(source)]
+    return [parser.dump(s) for s in parser.parse(source)]
 
 
 @pytest.mark.parametrize(
@@ -76,6 +76,6 @@ def test_empty_program():
     ],
 )
 def test_syntax_errors(source, line, col, message):
-    with pytest.raises(CalcSyntaxError) as info:
-        parse(source)
+    with pytest.raises(errors.CalcSyntaxError) as info:
+        parser.parse(source)
     assert (info.value.line, info.value.col, info.value.message) == (line, col, message)

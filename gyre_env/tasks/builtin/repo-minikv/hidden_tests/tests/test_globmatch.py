@@ -1,5 +1,5 @@
+import minikv.globmatch as globmatch
 import pytest
-from minikv.globmatch import glob_match
 
 
 @pytest.mark.parametrize(
@@ -27,4 +27,4 @@ from minikv.globmatch import glob_match
     ],
 )
 def test_glob_match(pattern, text, expected):
-    assert glob_match(pattern, text) is expected
+    assert globmatch.glob_match(pattern, text) is expected

@@ -3,12 +3,12 @@ import json
 import subprocess
 import sys
 
+import minikv.cli as cli
+import minikv.persist as persist
+import minikv.protocol as protocol
+import minikv.session as session_mod
+import minikv.store as store_mod
 import pytest
-from minikv.cli import main
-from minikv.persist import load_snapshot, save_snapshot
-from minikv.protocol import Status
-from minikv.session import Session
-from minikv.store import Store
 
 
 class Clock:
@@ -20,7 +20,7 @@ class Clock:
 
 
 def filled_store(clock):
-    store = Store(clock=clock)
+    store = store_mod.Store(clock=clock)
     store.execute("SET", "s", "v")
     store.execute("RPUSH", "l", "a", "b")
     store.execute("HSET", "h", "f", "1")
@@ -31,7 +31,7 @@ def filled_store(clock):
 
 def test_snapshot_format(tmp_path):
     path = tmp_path / "snap.json"
-    save_snapshot(filled_store(Clock(100.0)), path)
+    persist.save_snapshot(filled_store(Clock(100.0)), path)
     data = json.loads(path.read_text())
     assert data["version"] == 1
     assert data["keys"]["s"] == {"type": "string", "value": "v", "ttl_ms": None}
@@ -43,9 +43,9 @@ def test_snapshot_format(tmp_path):
 
 def test_snapshot_round_trip_with_ttl(tmp_path):
     path = tmp_path / "snap.json"
-    save_snapshot(filled_store(Clock(100.0)), path)
+    persist.save_snapshot(filled_store(Clock(100.0)), path)
     clock = Clock(9000.0)
-    store = load_snapshot(path, clock=clock)
+    store = persist.load_snapshot(path, clock=clock)
     assert store.execute("LRANGE", "l", "0", "-1") == ["a", "b"]
     assert store.execute("SMEMBERS", "z") == ["x", "y"]
     assert store.execute("HGET", "h", "f") == "1"
@@ -58,7 +58,7 @@ def test_expired_keys_not_saved(tmp_path):
     clock = Clock(0.0)
     store = filled_store(clock)
     clock.now = 10.0
-    save_snapshot(store, tmp_path / "s.json")
+    persist.save_snapshot(store, tmp_path / "s.json")
     assert "t" not in json.loads((tmp_path / "s.json").read_text())["keys"]
 
 
@@ -74,25 +74,25 @@ def test_load_bad_snapshot(tmp_path, content):
     path = tmp_path / "bad.json"
     path.write_text(content)
     with pytest.raises(ValueError):
-        load_snapshot(path)
+        persist.load_snapshot(path)
 
 
 def test_load_missing_snapshot(tmp_path):
     with pytest.raises(ValueError):
-        load_snapshot(tmp_path / "missing.json")
+        persist.load_snapshot(tmp_path / "missing.json")
 
 
 def test_session_save(tmp_path):
     path = tmp_path / "snap.json"
-    session = Session(Store(), snapshot_path=str(path))
+    session = session_mod.Session(store_mod.Store(), snapshot_path=str(path))
     session.execute(["SET", "a", "1"])
-    assert session.execute(["SAVE"]) == Status("OK")
+    assert session.execute(["SAVE"]) == protocol.Status("OK")
     assert json.loads(path.read_text())["keys"]["a"]["value"] == "1"
 
 
 def run_cli(capsys, monkeypatch, argv, stdin=""):
     monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-    code = main(argv)
+    code = cli.main(argv)
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -1,5 +1,5 @@
+import minikv.protocol as protocol
 import pytest
-from minikv.protocol import CommandError, ProtocolError, Status, format_reply, tokenize
 
 
 @pytest.mark.parametrize(
@@ -20,31 +20,31 @@ from minikv.protocol import CommandError, ProtocolError, Status, format_reply, t
     ],
 )
 def test_tokenize(line, args):
-    assert tokenize(line) == args
+    assert protocol.tokenize(line) == args
 
 
 @pytest.mark.parametrize("line", ['SET k "open', "ECHO 'open", r'ECHO "ends with \"'])
 def test_tokenize_unbalanced(line):
-    with pytest.raises(ProtocolError) as info:
-        tokenize(line)
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.tokenize(line)
     assert str(info.value) == "ERR unbalanced quotes"
-    assert isinstance(info.value, CommandError)
+    assert isinstance(info.value, protocol.CommandError)
 
 
 def test_tokenize_text_after_closing_quote():
-    with pytest.raises(ProtocolError, match="^ERR syntax error in quoted argument$"):
-        tokenize('SET "a"b c')
+    with pytest.raises(protocol.ProtocolError, match="^ERR syntax error in quoted argument$"):
+        protocol.tokenize('SET "a"b c')
 
 
 def test_status_is_str():
-    assert isinstance(Status("OK"), str) and Status("OK") == "OK"
+    assert isinstance(protocol.Status("OK"), str) and protocol.Status("OK") == "OK"
 
 
 @pytest.mark.parametrize(
     "reply,text",
     [
-        (Status("OK"), "OK"),
-        (CommandError("ERR boom"), "(error) ERR boom"),
+        (protocol.Status("OK"), "OK"),
+        (protocol.CommandError("ERR boom"), "(error) ERR boom"),
         (42, "(integer) 42"),
         (-1, "(integer) -1"),
         (None, "(nil)"),
@@ -55,20 +55,20 @@ def test_status_is_str():
     ],
 )
 def test_format_scalars(reply, text):
-    assert format_reply(reply) == text
+    assert protocol.format_reply(reply) == text
 
 
 def test_format_nested_array():
-    text = format_reply(["a", 1, None, [Status("OK"), "b"]])
+    text = protocol.format_reply(["a", 1, None, [protocol.Status("OK"), "b"]])
     assert text == '1) "a"\n2) (integer) 1\n3) (nil)\n4) 1) OK\n   2) "b"'
 
 
 def test_format_index_width():
-    lines = format_reply([str(i) for i in range(10)]).split("\n")
+    lines = protocol.format_reply([str(i) for i in range(10)]).split("\n")
     assert lines[0] == ' 1) "0"'
     assert lines[9] == '10) "9"'
 
 
 def test_format_wide_nested_indent():
-    reply = [Status("x")] * 9 + [["a", "b"]]
-    assert format_reply(reply).split("\n")[-2:] == ['10) 1) "a"', '    2) "b"']
+    reply = [protocol.Status("x")] * 9 + [["a", "b"]]
+    assert protocol.format_reply(reply).split("\n")[-2:] == ['10) 1) "a"', '    2) "b"']

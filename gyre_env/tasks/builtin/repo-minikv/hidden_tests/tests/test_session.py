@@ -1,12 +1,12 @@
+import minikv.protocol as protocol
+import minikv.session as session_mod
+import minikv.store as store
 import pytest
-from minikv.protocol import CommandError, Status
-from minikv.session import Session
-from minikv.store import Store
 
 
 @pytest.fixture
 def session():
-    return Session(Store(clock=lambda: 0.0))
+    return session_mod.Session(store.Store(clock=lambda: 0.0))
 
 
 def ex(session, line):
@@ -15,16 +15,16 @@ def ex(session, line):
 
 def test_errors_are_returned_not_raised(session):
     reply = ex(session, "GET")
-    assert isinstance(reply, CommandError)
+    assert isinstance(reply, protocol.CommandError)
     assert str(reply) == "ERR wrong number of arguments for 'get' command"
 
 
 def test_multi_exec_runs_in_order(session):
-    assert ex(session, "MULTI") == Status("OK")
-    assert ex(session, "SET a 1") == Status("QUEUED")
-    assert ex(session, "INCR a") == Status("QUEUED")
-    assert ex(session, "GET a") == Status("QUEUED")
-    assert ex(session, "EXEC") == [Status("OK"), 2, "2"]
+    assert ex(session, "MULTI") == protocol.Status("OK")
+    assert ex(session, "SET a 1") == protocol.Status("QUEUED")
+    assert ex(session, "INCR a") == protocol.Status("QUEUED")
+    assert ex(session, "GET a") == protocol.Status("QUEUED")
+    assert ex(session, "EXEC") == [protocol.Status("OK"), 2, "2"]
     assert ex(session, "GET a") == "2"
 
 
@@ -34,8 +34,8 @@ def test_runtime_error_inside_exec_does_not_stop_others(session):
     ex(session, "INCR s")
     ex(session, "SET t 1")
     result = ex(session, "EXEC")
-    assert result[0] == Status("OK") and result[2] == Status("OK")
-    assert isinstance(result[1], CommandError)
+    assert result[0] == protocol.Status("OK") and result[2] == protocol.Status("OK")
+    assert isinstance(result[1], protocol.CommandError)
     assert str(result[1]) == "ERR value is not an integer or out of range"
 
 
@@ -45,9 +45,9 @@ def test_queue_time_error_aborts_exec(session):
     bad = ex(session, "NOPE x")
     assert str(bad) == "ERR unknown command 'NOPE'"
     arity = ex(session, "GET")
-    assert isinstance(arity, CommandError)
+    assert isinstance(arity, protocol.CommandError)
     result = ex(session, "EXEC")
-    assert isinstance(result, CommandError)
+    assert isinstance(result, protocol.CommandError)
     assert str(result) == "EXECABORT Transaction discarded because of previous errors."
     assert ex(session, "GET a") is None
     assert str(ex(session, "EXEC")) == "ERR EXEC without MULTI"
@@ -57,7 +57,7 @@ def test_discard_and_without_multi(session):
     assert str(ex(session, "DISCARD")) == "ERR DISCARD without MULTI"
     ex(session, "MULTI")
     ex(session, "SET a 1")
-    assert ex(session, "DISCARD") == Status("OK")
+    assert ex(session, "DISCARD") == protocol.Status("OK")
     assert ex(session, "GET a") is None
 
 
@@ -65,7 +65,7 @@ def test_nested_multi_keeps_transaction(session):
     ex(session, "MULTI")
     assert str(ex(session, "MULTI")) == "ERR MULTI calls can not be nested"
     ex(session, "SET a 1")
-    assert ex(session, "EXEC") == [Status("OK")]
+    assert ex(session, "EXEC") == [protocol.Status("OK")]
 
 
 def test_exec_with_empty_queue(session):

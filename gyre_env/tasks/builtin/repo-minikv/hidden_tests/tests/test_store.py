@@ -1,6 +1,6 @@
+import minikv.protocol as protocol
+import minikv.store as store_mod
 import pytest
-from minikv.protocol import CommandError, Status
-from minikv.store import Store
 
 WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
 NOT_INT = "ERR value is not an integer or out of range"
@@ -26,14 +26,14 @@ def clock():
 
 @pytest.fixture
 def store(clock):
-    return Store(clock=clock)
+    return store_mod.Store(clock=clock)
 
 
 def play(store, steps):
     for line, expected in steps:
         args = line.split(" ")
         if isinstance(expected, Err):
-            with pytest.raises(CommandError) as info:
+            with pytest.raises(protocol.CommandError) as info:
                 store.execute(*args)
             assert str(info.value) == expected.message, line
         else:
@@ -43,8 +43,12 @@ def play(store, steps):
 
 
 SCENARIOS = {
-    "ping_echo": [("PING", Status("PONG")), ("ping hi", "hi"), ("ECHO x", "x")],
-    "set_get_case_insensitive": [("set k v", Status("OK")), ("GeT k", "v"), ("GET nope", None)],
+    "ping_echo": [("PING", protocol.Status("PONG")), ("ping hi", "hi"), ("ECHO x", "x")],
+    "set_get_case_insensitive": [
+        ("set k v", protocol.Status("OK")),
+        ("GeT k", "v"),
+        ("GET nope", None),
+    ],
     "unknown_command": [("FROB k", Err("ERR unknown command 'FROB'"))],
     "arity": [
         ("GET", Err("ERR wrong number of arguments for 'get' command")),
@@ -52,18 +56,18 @@ SCENARIOS = {
         ("DEL", Err("ERR wrong number of arguments for 'del' command")),
     ],
     "del_exists": [
-        ("SET a 1", Status("OK")),
-        ("SET b 2", Status("OK")),
+        ("SET a 1", protocol.Status("OK")),
+        ("SET b 2", protocol.Status("OK")),
         ("EXISTS a a b c", 3),
         ("DEL a c", 1),
         ("EXISTS a", 0),
         ("DBSIZE", 1),
     ],
     "set_nx_xx": [
-        ("SET k 1 NX", Status("OK")),
+        ("SET k 1 NX", protocol.Status("OK")),
         ("SET k 2 NX", None),
         ("GET k", "1"),
-        ("SET k 3 xx", Status("OK")),
+        ("SET k 3 xx", protocol.Status("OK")),
         ("SET other 1 XX", None),
         ("GET k", "3"),
     ],
@@ -77,10 +81,14 @@ SCENARIOS = {
     ],
     "set_replaces_other_type": [
         ("RPUSH k a", 1),
-        ("SET k v", Status("OK")),
-        ("TYPE k", Status("string")),
+        ("SET k v", protocol.Status("OK")),
+        ("TYPE k", protocol.Status("string")),
     ],
-    "mget": [("SET a 1", Status("OK")), ("RPUSH l x", 1), ("MGET a l missing", ["1", None, None])],
+    "mget": [
+        ("SET a 1", protocol.Status("OK")),
+        ("RPUSH l x", 1),
+        ("MGET a l missing", ["1", None, None]),
+    ],
     "append_strlen": [
         ("APPEND k ab", 2),
         ("APPEND k cd", 4),
@@ -96,30 +104,30 @@ SCENARIOS = {
         ("GET c", "15"),
     ],
     "counter_not_int": [
-        ("SET s abc", Status("OK")),
+        ("SET s abc", protocol.Status("OK")),
         ("INCR s", Err(NOT_INT)),
-        ("SET f 1.5", Status("OK")),
+        ("SET f 1.5", protocol.Status("OK")),
         ("INCR f", Err(NOT_INT)),
         ("INCRBY x +1", Err(NOT_INT)),
         ("INCRBY x 9223372036854775808", Err(NOT_INT)),
     ],
     "counter_overflow": [
-        ("SET m 9223372036854775807", Status("OK")),
+        ("SET m 9223372036854775807", protocol.Status("OK")),
         ("INCR m", Err("ERR increment or decrement would overflow")),
         ("GET m", "9223372036854775807"),
         ("DECRBY n 9223372036854775807", -9223372036854775807),
         ("DECRBY n 2", Err("ERR increment or decrement would overflow")),
     ],
     "type": [
-        ("SET s v", Status("OK")),
+        ("SET s v", protocol.Status("OK")),
         ("LPUSH l v", 1),
         ("HSET h f v", 1),
         ("SADD z m", 1),
-        ("TYPE s", Status("string")),
-        ("TYPE l", Status("list")),
-        ("TYPE h", Status("hash")),
-        ("TYPE z", Status("set")),
-        ("TYPE nope", Status("none")),
+        ("TYPE s", protocol.Status("string")),
+        ("TYPE l", protocol.Status("list")),
+        ("TYPE h", protocol.Status("hash")),
+        ("TYPE z", protocol.Status("set")),
+        ("TYPE nope", protocol.Status("none")),
     ],
     "wrongtype": [
         ("LPUSH l a", 1),
@@ -128,29 +136,29 @@ SCENARIOS = {
         ("SADD l m", Err(WRONGTYPE)),
         ("INCR l", Err(WRONGTYPE)),
         ("APPEND l x", Err(WRONGTYPE)),
-        ("SET s v", Status("OK")),
+        ("SET s v", protocol.Status("OK")),
         ("LLEN s", Err(WRONGTYPE)),
     ],
     "keys_sorted": [
-        ("SET user:2 a", Status("OK")),
-        ("SET user:1 b", Status("OK")),
-        ("SET other c", Status("OK")),
+        ("SET user:2 a", protocol.Status("OK")),
+        ("SET user:1 b", protocol.Status("OK")),
+        ("SET other c", protocol.Status("OK")),
         ("KEYS user:*", ["user:1", "user:2"]),
         ("KEYS *", ["other", "user:1", "user:2"]),
         ("KEYS nomatch*", []),
     ],
     "rename": [
-        ("SET a 1", Status("OK")),
-        ("SET b 2", Status("OK")),
-        ("RENAME a b", Status("OK")),
+        ("SET a 1", protocol.Status("OK")),
+        ("SET b 2", protocol.Status("OK")),
+        ("RENAME a b", protocol.Status("OK")),
         ("GET b", "1"),
         ("EXISTS a", 0),
         ("RENAME a c", Err("ERR no such key")),
     ],
     "flushall": [
-        ("SET a 1", Status("OK")),
+        ("SET a 1", protocol.Status("OK")),
         ("SADD s x", 1),
-        ("FLUSHALL", Status("OK")),
+        ("FLUSHALL", protocol.Status("OK")),
         ("DBSIZE", 0),
     ],
     "lpush_rpush_order": [
@@ -236,7 +244,7 @@ SCENARIOS = {
         ("SUNION x y", ["a", "b", "c", "d"]),
         ("SINTER x missing", []),
         ("SUNION missing", []),
-        ("SET str v", Status("OK")),
+        ("SET str v", protocol.Status("OK")),
         ("SINTER x str", Err(WRONGTYPE)),
     ],
 }
@@ -251,7 +259,7 @@ def test_expire_and_ttl(store, clock):
     play(
         store,
         [
-            ("SET k v", Status("OK")),
+            ("SET k v", protocol.Status("OK")),
             ("TTL k", -1),
             ("EXPIRE k 10", 1),
             ("TTL k", 10),
@@ -277,11 +285,11 @@ def test_set_ex_px_and_set_drops_ttl(store, clock):
     play(
         store,
         [
-            ("SET k v EX 5", Status("OK")),
+            ("SET k v EX 5", protocol.Status("OK")),
             ("TTL k", 5),
-            ("SET k w", Status("OK")),
+            ("SET k w", protocol.Status("OK")),
             ("TTL k", -1),
-            ("SET p v px 250", Status("OK")),
+            ("SET p v px 250", protocol.Status("OK")),
             ("PTTL p", 250),
         ],
     )
@@ -297,7 +305,7 @@ def test_in_place_changes_keep_ttl(store, clock):
             ("EXPIRE l 10", 1),
             ("RPUSH l b", 2),
             ("TTL l", 10),
-            ("SET c 1", Status("OK")),
+            ("SET c 1", protocol.Status("OK")),
             ("EXPIRE c 10", 1),
             ("INCR c", 2),
             ("TTL c", 10),
@@ -309,17 +317,17 @@ def test_persist_and_nonpositive_expire(store):
     play(
         store,
         [
-            ("SET k v", Status("OK")),
+            ("SET k v", protocol.Status("OK")),
             ("PERSIST k", 0),
             ("EXPIRE k 100", 1),
             ("PERSIST k", 1),
             ("TTL k", -1),
             ("EXPIRE k 0", 1),
             ("EXISTS k", 0),
-            ("SET j v", Status("OK")),
+            ("SET j v", protocol.Status("OK")),
             ("PEXPIRE j -5", 1),
             ("EXISTS j", 0),
-            ("SET m v", Status("OK")),
+            ("SET m v", protocol.Status("OK")),
             ("EXPIRE m x", Err(NOT_INT)),
         ],
     )
@@ -329,21 +337,21 @@ def test_rename_keeps_ttl(store, clock):
     play(
         store,
         [
-            ("SET a v", Status("OK")),
+            ("SET a v", protocol.Status("OK")),
             ("EXPIRE a 30", 1),
-            ("RENAME a b", Status("OK")),
+            ("RENAME a b", protocol.Status("OK")),
             ("TTL b", 30),
         ],
     )
 
 
 def test_expired_key_can_be_recreated_with_other_type(store, clock):
-    play(store, [("SET k v EX 1", Status("OK"))])
+    play(store, [("SET k v EX 1", protocol.Status("OK"))])
     clock.now += 1
-    play(store, [("LPUSH k a", 1), ("TYPE k", Status("list")), ("TTL k", -1)])
+    play(store, [("LPUSH k a", 1), ("TYPE k", protocol.Status("list")), ("TTL k", -1)])
 
 
 def test_arity_checked_before_type(store):
     store.execute("SET", "s", "v")
-    with pytest.raises(CommandError, match="wrong number of arguments for 'lpush'"):
+    with pytest.raises(protocol.CommandError, match="wrong number of arguments for 'lpush'"):
         store.execute("LPUSH", "s")

@@ -3,8 +3,8 @@ import json
 import subprocess
 import sys
 
+import csvq.cli as cli
 import pytest
-from csvq.cli import main
 
 DATA = "name,age,city\nAl,7,Oslo\nBo,12,Rome\nCy,100,Oslo\n"
 
@@ -17,7 +17,7 @@ def csvfile(tmp_path):
 
 
 def run(capsys, *argv):
-    code = main(list(argv))
+    code = cli.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -62,10 +62,10 @@ def test_errors_return_1(capsys, tmp_path, csvfile):
 
 def test_usage_errors_exit_2(capsys, csvfile):
     with pytest.raises(SystemExit) as info:
-        main([csvfile, "--format", "xml"])
+        cli.main([csvfile, "--format", "xml"])
     assert info.value.code == 2
     with pytest.raises(SystemExit) as info:
-        main([csvfile, "--limit", "-1"])
+        cli.main([csvfile, "--limit", "-1"])
     assert info.value.code == 2
 
 

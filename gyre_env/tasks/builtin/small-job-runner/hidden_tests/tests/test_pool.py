@@ -1,8 +1,8 @@
 import threading
 import time
 
+import jobrun.pool as pool_mod
 import pytest
-from jobrun.pool import CancelledError, WorkerPool
 
 
 def wait_running(job):
@@ -13,7 +13,7 @@ def wait_running(job):
 
 
 def test_submit_and_result():
-    with WorkerPool(2) as pool:
+    with pool_mod.WorkerPool(2) as pool:
         job = pool.submit(lambda a, b=0: a + b, 2, b=3)
         assert job.result(timeout=5) == 5
         assert job.done() and not job.running() and not job.cancelled()
@@ -23,7 +23,7 @@ def test_exception_is_reraised_and_returned():
     def boom():
         raise KeyError("x")
 
-    with WorkerPool(1) as pool:
+    with pool_mod.WorkerPool(1) as pool:
         job = pool.submit(boom)
         with pytest.raises(KeyError):
             job.result(timeout=5)
@@ -34,12 +34,12 @@ def test_exception_is_reraised_and_returned():
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
 def test_bad_worker_count(bad):
     with pytest.raises(ValueError):
-        WorkerPool(bad)
+        pool_mod.WorkerPool(bad)
 
 
 def test_result_timeout():
     gate = threading.Event()
-    with WorkerPool(1) as pool:
+    with pool_mod.WorkerPool(1) as pool:
         job = pool.submit(gate.wait, 5)
         with pytest.raises(TimeoutError):
             job.result(timeout=0.05)
@@ -50,7 +50,7 @@ def test_result_timeout():
 
 def test_runs_workers_jobs_concurrently():
     barrier = threading.Barrier(3, timeout=5)
-    with WorkerPool(3) as pool:
+    with pool_mod.WorkerPool(3) as pool:
         jobs = [pool.submit(barrier.wait) for _ in range(3)]
         assert sorted(j.result(timeout=10) for j in jobs) == [0, 1, 2]
 
@@ -67,21 +67,21 @@ def test_never_more_than_workers_at_once():
         with lock:
             state["now"] -= 1
 
-    with WorkerPool(2) as pool:
+    with pool_mod.WorkerPool(2) as pool:
         pool.map(lambda _: work(), range(12), timeout=20)
     assert state["max"] == 2
 
 
 def test_fifo_order_with_one_worker():
     order = []
-    with WorkerPool(1) as pool:
+    with pool_mod.WorkerPool(1) as pool:
         for i in range(20):
             pool.submit(order.append, i)
     assert order == list(range(20))
 
 
 def test_map_order_and_first_exception():
-    with WorkerPool(4) as pool:
+    with pool_mod.WorkerPool(4) as pool:
         assert pool.map(lambda x: x * x, range(10)) == [x * x for x in range(10)]
 
         def f(x):
@@ -95,7 +95,7 @@ def test_map_order_and_first_exception():
 
 def test_map_timeout():
     gate = threading.Event()
-    with WorkerPool(1) as pool:
+    with pool_mod.WorkerPool(1) as pool:
         with pytest.raises(TimeoutError):
             pool.map(lambda _: gate.wait(5), [1], timeout=0.05)
         gate.set()
@@ -104,7 +104,7 @@ def test_map_timeout():
 def test_cancel_pending_job():
     gate = threading.Event()
     ran = []
-    with WorkerPool(1) as pool:
+    with pool_mod.WorkerPool(1) as pool:
         blocker = pool.submit(gate.wait, 5)
         queued = pool.submit(ran.append, "x")
         wait_running(blocker)
@@ -112,9 +112,9 @@ def test_cancel_pending_job():
         assert queued.cancel() is True
         assert blocker.cancel() is False
         gate.set()
-        with pytest.raises(CancelledError):
+        with pytest.raises(pool_mod.CancelledError):
             queued.result(timeout=5)
-        with pytest.raises(CancelledError):
+        with pytest.raises(pool_mod.CancelledError):
             queued.exception(timeout=5)
         assert queued.done() and queued.cancelled()
     assert ran == []
@@ -123,7 +123,7 @@ def test_cancel_pending_job():
 def test_done_callbacks():
     seen = []
     gate = threading.Event()
-    with WorkerPool(1) as pool:
+    with pool_mod.WorkerPool(1) as pool:
         job = pool.submit(gate.wait, 5)
         job.add_done_callback(lambda j: seen.append(("first", j.result())))
         job.add_done_callback(lambda j: 1 / 0)
@@ -137,7 +137,7 @@ def test_done_callbacks():
 def test_callback_on_cancel():
     gate = threading.Event()
     seen = []
-    with WorkerPool(1) as pool:
+    with pool_mod.WorkerPool(1) as pool:
         wait_running(pool.submit(gate.wait, 5))
         job = pool.submit(int)
         job.add_done_callback(lambda j: seen.append(j.cancelled()))
@@ -148,7 +148,7 @@ def test_callback_on_cancel():
 
 def test_shutdown_rejects_and_waits():
     done = []
-    pool = WorkerPool(2)
+    pool = pool_mod.WorkerPool(2)
     for i in range(6):
         pool.submit(lambda i=i: (time.sleep(0.01), done.append(i)))
     pool.shutdown(wait=True)
@@ -160,7 +160,7 @@ def test_shutdown_rejects_and_waits():
 
 def test_shutdown_cancel_pending():
     gate = threading.Event()
-    pool = WorkerPool(1)
+    pool = pool_mod.WorkerPool(1)
     first = pool.submit(gate.wait, 5)
     rest = [pool.submit(int) for _ in range(3)]
     wait_running(first)

@@ -3,14 +3,14 @@ import subprocess
 import sys
 import time
 
+import jobrun.cli as cli
+import jobrun.runner as runner
 import pytest
-from jobrun.cli import main
-from jobrun.runner import CommandResult, run_commands
 
 
 def test_results_in_input_order_with_output():
-    results = run_commands(["echo one", "echo two >&2; exit 3", "printf x"], workers=3)
-    assert results[0] == CommandResult("echo one", "ok", 0, "one\n", "")
+    results = runner.run_commands(["echo one", "echo two >&2; exit 3", "printf x"], workers=3)
+    assert results[0] == runner.CommandResult("echo one", "ok", 0, "one\n", "")
     assert (results[1].status, results[1].returncode, results[1].stderr) == ("failed", 3, "two\n")
     assert results[2].stdout == "x"
 
@@ -21,12 +21,12 @@ def test_commands_really_run_in_parallel(tmp_path):
         "[ -e {d}/a ] && [ -e {d}/b ] && [ -e {d}/c ] && exit 0; sleep 0.05; done; exit 1"
     )
     cmds = [wait_all.format(d=tmp_path, n=n) for n in "abc"]
-    assert [r.status for r in run_commands(cmds, workers=3)] == ["ok"] * 3
+    assert [r.status for r in runner.run_commands(cmds, workers=3)] == ["ok"] * 3
 
 
 def test_timeout_kills_the_process_group_quickly():
     start = time.monotonic()
-    (result,) = run_commands(["sleep 30 & sleep 30; echo never"], timeout=0.5)
+    (result,) = runner.run_commands(["sleep 30 & sleep 30; echo never"], timeout=0.5)
     assert time.monotonic() - start < 10
     assert (result.status, result.returncode, result.stdout, result.stderr) == (
         "timeout",
@@ -37,19 +37,21 @@ def test_timeout_kills_the_process_group_quickly():
 
 
 def test_fail_fast_skips_not_started():
-    results = run_commands(["echo a", "exit 1", "echo b", "echo c"], workers=1, fail_fast=True)
+    results = runner.run_commands(
+        ["echo a", "exit 1", "echo b", "echo c"], workers=1, fail_fast=True
+    )
     assert [r.status for r in results] == ["ok", "failed", "skipped", "skipped"]
-    assert results[2] == CommandResult("echo b", "skipped", None, "", "")
+    assert results[2] == runner.CommandResult("echo b", "skipped", None, "", "")
 
 
 def test_without_fail_fast_everything_runs():
-    results = run_commands(["exit 1", "echo b"], workers=1)
+    results = runner.run_commands(["exit 1", "echo b"], workers=1)
     assert [r.status for r in results] == ["failed", "ok"]
 
 
 def run_cli(capsys, monkeypatch, argv, stdin=""):
     monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-    code = main(argv)
+    code = cli.main(argv)
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -3,7 +3,7 @@ import subprocess
 import sys
 
 import pytest
-from todo.cli import main
+import todo.cli as cli
 
 
 @pytest.fixture
@@ -12,7 +12,7 @@ def run(tmp_path, capsys, monkeypatch):
     path = str(tmp_path / "todo.json")
 
     def _run(*args):
-        code = main(["--file", path, *args])
+        code = cli.main(["--file", path, *args])
         out, err = capsys.readouterr()
         return code, out, err
 
@@ -110,10 +110,10 @@ def test_usage_errors_exit_2(run):
 def test_todo_file_env_and_default(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TODO_FILE", str(tmp_path / "env.json"))
-    assert main(["add", "from env"]) == 0
+    assert cli.main(["add", "from env"]) == 0
     assert (tmp_path / "env.json").exists()
     monkeypatch.delenv("TODO_FILE")
-    assert main(["add", "default"]) == 0
+    assert cli.main(["add", "default"]) == 0
     assert (tmp_path / "todo.json").exists()
     capsys.readouterr()
 

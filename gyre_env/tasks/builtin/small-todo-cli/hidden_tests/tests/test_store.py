@@ -2,12 +2,12 @@ import datetime
 import json
 
 import pytest
-from todo.store import NotFoundError, TodoError, TodoStore
+import todo.store as store_mod
 
 
 @pytest.fixture
 def store(tmp_path):
-    return TodoStore(tmp_path / "todo.json")
+    return store_mod.TodoStore(tmp_path / "todo.json")
 
 
 def test_add_returns_full_item(store):
@@ -33,11 +33,11 @@ def test_ids_increase_and_are_never_reused(store):
 
 def test_persists_after_every_change(tmp_path):
     path = tmp_path / "t.json"
-    s = TodoStore(path)
+    s = store_mod.TodoStore(path)
     s.add("a")
     s.add("b")
     s.complete(1)
-    again = TodoStore(str(path))
+    again = store_mod.TodoStore(str(path))
     assert [i["done"] for i in again.list("all")] == [True, False]
     data = json.loads(path.read_text())
     assert data["next_id"] == 3 and len(data["items"]) == 2
@@ -45,7 +45,7 @@ def test_persists_after_every_change(tmp_path):
 
 def test_missing_file_is_empty_and_not_created_until_change(tmp_path):
     path = tmp_path / "none.json"
-    s = TodoStore(path)
+    s = store_mod.TodoStore(path)
     assert s.list("all") == []
     assert not path.exists()
 
@@ -74,10 +74,10 @@ def test_not_found_everywhere(store):
         store.remove,
         lambda i: store.edit(i, title="x"),
     ):
-        with pytest.raises(NotFoundError) as info:
+        with pytest.raises(store_mod.NotFoundError) as info:
             call(9)
         assert str(info.value) == "no item #9"
-        assert isinstance(info.value, TodoError)
+        assert isinstance(info.value, store_mod.TodoError)
 
 
 def test_list_status_and_tag(store):

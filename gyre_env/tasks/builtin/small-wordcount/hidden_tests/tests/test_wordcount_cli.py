@@ -4,7 +4,7 @@ import sys
 import types
 
 import pytest
-from wordcount.cli import main
+import wordcount.cli as cli
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def files(tmp_path, monkeypatch):
 
 def run(capsys, monkeypatch, argv, stdin=b""):
     monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(buffer=io.BytesIO(stdin)))
-    code = main(argv)
+    code = cli.main(argv)
     out, err = capsys.readouterr()
     return code, out, err
 
