@@ -255,6 +255,9 @@ class StepRecord:
     seconds: float
     partial: float | None = None
     """The env's interim score after the step, when it reports one."""
+    after_call: int | None = None
+    """``call_index`` of the latest model call of the episode's session before this step
+    (the trajectory store attaches the step's reward to it)."""
 
 
 @runtime_checkable

@@ -101,6 +101,7 @@ class EpisodeContext:
                 cumulative=self.total_reward,
                 seconds=seconds,
                 partial=_partial_score(info),
+                after_call=self.latest_call(),
             )
         )
         self.last_info = info
@@ -118,6 +119,7 @@ class EpisodeContext:
                 cumulative=self.total_reward,
                 seconds=0.0,
                 partial=_partial_score(info),
+                after_call=self.latest_call(),
             )
         )
         self.last_info = info
@@ -148,6 +150,16 @@ class EpisodeContext:
 
         timed_update._gyre_timed = True
         scorer.update = timed_update
+
+    def latest_call(self) -> int | None:
+        """``call_index`` of the session's latest finished model call, if the proxy's record
+        tap is at hand."""
+        ep = self.endpoint
+        tap = getattr(ep, "calls", None) if ep is not None else None
+        if tap is None:
+            return None
+        calls = tap.calls(ep.session)
+        return int(calls[-1]["call_index"]) if calls else None
 
     def finish(self) -> None:
         """Grade the episode if the agent stopped without the env ending it: one ``submit``

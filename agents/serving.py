@@ -35,15 +35,15 @@ class RecordTap:
     """A record sink that forwards to ``inner`` and keeps, per session, the records'
     timings so agents can wait for their next model call (thread-safe)."""
 
-    def __init__(self, inner: RecordSink | None = None):
-        self.inner = inner
+    def __init__(self, *inner: RecordSink):
+        self.inner = [sink for sink in inner if sink is not None]
         self._cond = threading.Condition()
         self._calls: dict[str, list[dict]] = defaultdict(list)
         self._inflight: dict[str, int] = defaultdict(int)
 
     def write(self, record: CallRecord) -> None:
-        if self.inner is not None:
-            self.inner.write(record)
+        for sink in self.inner:
+            sink.write(record)
         summary = {
             "call_index": record.call_index,
             "branch": record.branch,
@@ -86,8 +86,8 @@ class RecordTap:
             return len(self._calls.get(session, ()))
 
     def close(self) -> None:
-        if self.inner is not None:
-            self.inner.close()
+        for sink in self.inner:
+            sink.close()
 
 
 _MODEL_CALL = re.compile(r"^/s/([^/]+)/v1/(chat/completions|messages)$")
@@ -192,14 +192,23 @@ class ModelServiceConfig:
 class ModelService:
     """Proxy + embedded engine + record tap + sandbox route, started and stopped together."""
 
-    def __init__(self, config: ModelServiceConfig | None = None, *, engines=None, tokenizer=None):
+    def __init__(
+        self,
+        config: ModelServiceConfig | None = None,
+        *,
+        engines=None,
+        tokenizer=None,
+        sinks: tuple[RecordSink, ...] = (),
+    ):
+        """``engines``/``tokenizer``: serve these instead of the embedded model; ``sinks``:
+        more record sinks (e.g. a ``TrajectoryStore``), closed with the service."""
         self.config = config or ModelServiceConfig()
         self._engines, self._tokenizer = engines, tokenizer
         self.proxy = None
         self.relay: UnixRelay | None = None
         self._dir: str | None = None
         sink = JsonlSink(self.config.records_path) if self.config.records_path else None
-        self.tap = RecordTap(sink)
+        self.tap = RecordTap(sink, *sinks)
 
     def start(self) -> ModelService:
         from gyre_env.proxy.server import ProxyConfig, ProxyServer

@@ -50,6 +50,10 @@ class BenchConfig:
     script: str | None = None
     """For ``scripted``: a JSON file with a list of tool calls replayed in every episode."""
     out_dir: str = "bench-out"
+    store: str | None = None
+    """A trajectory store (SQLite) that also receives every call and episode outcome."""
+    run: str = ""
+    """Run name of the episodes in the store (default: the output folder's name)."""
     time_limit_s: float | None = None
     """Per-episode limit; None: each task's own wall-clock limit."""
     max_retries: int = 2
@@ -149,6 +153,7 @@ def run_bench(cfg: BenchConfig) -> BenchRun:
     agent = make_agent(cfg)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    store = _open_store(cfg.store)
     service = None
     if _needs_model(agent):
         service = ModelService(
@@ -157,7 +162,8 @@ def run_bench(cfg: BenchConfig) -> BenchRun:
                 records_path=str(out / "records.jsonl"),
                 upstream_base_url=cfg.base_url,
                 upstream_api=cfg.api,
-            )
+            ),
+            sinks=(store,) if store is not None else (),
         ).start()
     try:
         env_kwargs = episode_env_kwargs(cfg, agent, service, tasks)
@@ -172,10 +178,12 @@ def run_bench(cfg: BenchConfig) -> BenchRun:
             for k in range(cfg.repeats)
             for task in tasks
         ]
-        results, wall = _run(cfg, agent, service, specs, out)
+        results, wall = _run(cfg, agent, service, specs, out, store)
     finally:
         if service is not None:
-            service.stop()
+            service.stop()  # closes the store too (it is one of the proxy's sinks)
+        elif store is not None:
+            store.close()
     summary = summarize(results, wall)
     payload = {"config": asdict(cfg), "summary": summary, "results": [r.to_dict() for r in results]}
     (out / "results.json").write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
@@ -186,7 +194,15 @@ def run_bench(cfg: BenchConfig) -> BenchRun:
     return BenchRun(results=results, summary=summary, out_dir=out)
 
 
-def _run(cfg: BenchConfig, agent, service, specs, out: Path):
+def _open_store(path: str | None):
+    if path is None:
+        return None
+    from gyre_env.trajectory.store import TrajectoryStore
+
+    return TrajectoryStore(path)
+
+
+def _run(cfg: BenchConfig, agent, service, specs, out: Path, store=None):
     bar = None
     if cfg.progress:
         from tqdm import tqdm
@@ -208,7 +224,7 @@ def _run(cfg: BenchConfig, agent, service, specs, out: Path):
             parallel=cfg.parallel, time_limit_s=cfg.time_limit_s, max_retries=cfg.max_retries
         ),
         endpoint_factory=endpoint_factory,
-        sink=JsonlResultSink(out / "results.jsonl"),
+        sink=_result_sink(out, store, cfg.run or out.name),
         on_result=on_result,
     )
     start = time.monotonic()
@@ -219,6 +235,13 @@ def _run(cfg: BenchConfig, agent, service, specs, out: Path):
         if bar is not None:
             bar.close()
     return results, time.monotonic() - start
+
+
+def _result_sink(out: Path, store, run: str):
+    from gyre_env.runner import MultiSink, StoreResultSink
+
+    jsonl = JsonlResultSink(out / "results.jsonl")
+    return jsonl if store is None else MultiSink(jsonl, StoreResultSink(store, run=run))
 
 
 def episode_env_kwargs(cfg: BenchConfig, agent, service, tasks) -> dict:

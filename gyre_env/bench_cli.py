@@ -60,6 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--script", default=None, help="JSON list of tool calls for --agent scripted")
     p.add_argument("--out", default="bench-out", help="output folder")
+    p.add_argument(
+        "--store",
+        default=None,
+        help="also write calls and outcomes to this trajectory store (SQLite file)",
+    )
+    p.add_argument("--run", default="", help="run name in the store (default: the --out name)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds per episode")
     p.add_argument("--max-retries", type=int, default=2, help="retries of infra_error episodes")
     p.add_argument("--max-steps", type=int, default=None, help="agent step budget")
@@ -90,6 +96,8 @@ def _bench(args: argparse.Namespace) -> int:
         api=args.api,
         script=args.script,
         out_dir=args.out,
+        store=args.store,
+        run=args.run,
         time_limit_s=args.time_limit,
         max_retries=args.max_retries,
         max_steps=args.max_steps,

@@ -93,6 +93,10 @@ class EpisodeResult:
     episode_id: str
     task_id: str = ""
     agent: str = ""
+    session: str = ""
+    """The proxy session of the final attempt (its model calls' ``CallRecord.session``)."""
+    retried_sessions: list[str] = field(default_factory=list)
+    """Sessions of earlier attempts that ended as ``infra_error``."""
     outcome: str = "infra_error"
     """One of ``OUTCOMES``."""
     score: float | None = None
@@ -149,6 +153,61 @@ class JsonlResultSink:
         with self._lock:
             if not self._fh.closed:
                 self._fh.close()
+
+
+class StoreResultSink:
+    """Episode outcomes into the trajectory store (``gyre_env.trajectory.store``), next to
+    the calls the proxy wrote there: the final attempt's session gets the outcome, score
+    and per-call step rewards; retried attempts' sessions are marked ``infra_error`` so
+    training leaves them out."""
+
+    def __init__(self, store, *, run: str = "", close_store: bool = False):
+        self.store, self.run, self.close_store = store, run, close_store
+
+    def begin(self, session: str, task_id: str) -> None:
+        """Register an attempt's session before its calls arrive (run and task columns)."""
+        self.store.begin_episode(session=session, run=self.run, task=task_id)
+
+    def write(self, result: EpisodeResult) -> None:
+        for session in result.retried_sessions:
+            self.store.finish_episode(session=session, outcome="infra_error")
+        if not result.session:
+            return  # cancelled before it started: nothing was recorded
+        self.store.begin_episode(session=result.session, run=self.run, task=result.task_id)
+        steps: dict[int, float] = {}
+        for step in result.trace:
+            if step.get("after_call") is not None:
+                steps[step["after_call"]] = steps.get(step["after_call"], 0.0) + step["reward"]
+        self.store.finish_episode(
+            session=result.session,
+            outcome=result.outcome,
+            reward=result.score if result.score is not None else 0.0,
+            step_rewards=steps,
+        )
+
+    def close(self) -> None:
+        if self.close_store:
+            self.store.close()
+
+
+class MultiSink:
+    """Writes each result to several sinks."""
+
+    def __init__(self, *sinks: ResultSink):
+        self.sinks = sinks
+
+    def begin(self, session: str, task_id: str) -> None:
+        for sink in self.sinks:
+            if hasattr(sink, "begin"):
+                sink.begin(session, task_id)
+
+    def write(self, result: EpisodeResult) -> None:
+        for sink in self.sinks:
+            sink.write(result)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
 
 
 EndpointFactory = Callable[[str], ModelEndpoint]
@@ -249,6 +308,7 @@ class Runner:
 
     def _run_with_retries(self, spec: EpisodeSpec) -> EpisodeResult:
         infra: list[str] = []
+        retried: list[str] = []
         for attempt in range(1, self.config.max_retries + 2):
             if self._cancel.is_set():
                 result = EpisodeResult(
@@ -261,25 +321,29 @@ class Runner:
             else:
                 result = self._attempt(spec, attempt)
             result.attempts, result.infra_errors = attempt, list(infra)
+            result.retried_sessions = list(retried)
             if result.outcome != "infra_error" or self._cancel.is_set():
                 return result
             infra.append(result.message)
+            retried.append(result.session)
             if attempt <= self.config.max_retries:
                 log.warning(
                     "episode %s: infra error (%s); retrying", spec.episode_id, result.message
                 )
-        result.infra_errors = infra[:-1]
+        result.infra_errors, result.retried_sessions = infra[:-1], retried[:-1]
         return result
 
     def _attempt(self, spec: EpisodeSpec, attempt: int) -> EpisodeResult:
         session = spec.episode_id if attempt == 1 else f"{spec.episode_id}.r{attempt - 1}"
-        result = EpisodeResult(episode_id=spec.episode_id, agent=self.agent.name)
+        result = EpisodeResult(episode_id=spec.episode_id, agent=self.agent.name, session=session)
         clock = EpisodeClock(self.waterlevel)
         self.waterlevel.add_running(1)
         env = ctx = None
         try:
             env, ctx = self._start(spec, session, clock)
             result.task_id = ctx.task_id
+            if hasattr(self.sink, "begin"):  # e.g. the trajectory store: before any call
+                self.sink.begin(session, ctx.task_id)
             agent_result = self._play(ctx)
             self._settle(ctx, agent_result, result)
         except _InfraFailure as e:

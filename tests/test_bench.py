@@ -169,6 +169,10 @@ def test_langgraph_through_an_upstream_passthrough(tmp_path):
                 f"{upstream.proxy.base_url}/v1",
                 "--model",
                 "hosted-model",
+                "--store",
+                str(tmp_path / "store.db"),
+                "--run",
+                "pt",
             ]
         )
     finally:
@@ -179,6 +183,21 @@ def test_langgraph_through_an_upstream_passthrough(tmp_path):
     records = read_jsonl(out / "records.jsonl")
     assert len(records) == result["model_calls"] == 2
     assert {r.session for r in records} == {"micro-lru-cache.0"}
+    from gyre_env.trajectory.store import TrajectoryStore
+
+    store = TrajectoryStore(tmp_path / "store.db", readonly=True)
+    [episode] = store.episodes(run="pt")
+    assert (episode.session, episode.task, episode.outcome) == (
+        "micro-lru-cache.0",
+        "micro-lru-cache",
+        "success",
+    )
+    assert episode.reward == 1.0
+    # the write_file step followed call 0, the submit followed call 1: rewards sum to 1
+    assert set(episode.step_rewards) == {0, 1}
+    assert sum(episode.step_rewards.values()) == pytest.approx(1.0)
+    assert len(list(store.records([episode.session]))) == 2
+    store.close()
 
 
 def test_rollouts_example_runs(tmp_path):
