@@ -246,7 +246,8 @@ def _write_shims(grader: str, python: str) -> None:
 def _command_env(grader: str, home: str, userbase: str, tmp: str, ini: str) -> dict:
     system_path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     return {
-        "PATH": os.path.join(grader, "bin") + ":" + system_path,
+        # Console scripts the workspace installs come last: they cannot shadow a tool.
+        "PATH": os.path.join(grader, "bin") + ":" + system_path + ":" + userbase + "/bin",
         "HOME": home,
         "TMPDIR": tmp,
         "LANG": "C.UTF-8",

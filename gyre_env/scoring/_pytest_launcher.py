@@ -6,9 +6,11 @@ went) and every ``PYTHON*`` variable out of ``sys.path`` at start-up, so no
 then imports the real pytest and the image's own plugins (entry points visible *now*,
 before the workspace is importable), and only then appends the workspace, its ``src/``
 and the user site (plus plain path lines of its ``.pth`` files, never their ``import``
-lines) to the end of ``sys.path``. pytest runs with the grader's config file (``-c``),
-rootdir and confcutdir pinned to the workspace, no cache, plugin autoload off (set by the
-grader's environment) and xunit1 JUnit reports (they carry each case's file).
+lines) to the end of ``sys.path``; setuptools' editable import hooks are replaced by a
+finder of its own, at the end of ``sys.meta_path``, that reads their mappings as data.
+pytest runs with the grader's config file (``-c``), rootdir and confcutdir pinned to the
+workspace, no cache, plugin autoload off (set by the grader's environment) and xunit1
+JUnit reports (they carry each case's file).
 """
 
 from __future__ import annotations
@@ -60,6 +62,61 @@ def _workspace_paths(root: str) -> list[str]:
     return paths
 
 
+def _editable_mapping() -> dict:
+    userbase = os.environ.get("PYTHONUSERBASE")
+    v = sys.version_info
+    site = os.path.join(userbase or "/nonexistent", "lib", f"python{v[0]}.{v[1]}", "site-packages")
+    mapping: dict = {}
+    if os.path.isdir(site):
+        for name in sorted(os.listdir(site)):
+            if name.startswith("__editable___") and name.endswith("_finder.py"):
+                mapping.update(_finder_mapping(os.path.join(site, name)))
+    return mapping
+
+
+def _finder_mapping(finder: str) -> dict:
+    """``{package: folder}`` of a setuptools editable finder, read from its ``MAPPING``
+    literal with ``ast``: the finder's code (written by the workspace's build) never runs."""
+    import ast
+
+    try:
+        with open(finder, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    for node in tree.body:
+        target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
+        if getattr(target, "id", None) == "MAPPING" and node.value is not None:
+            try:
+                mapping = ast.literal_eval(node.value)
+            except ValueError:
+                return {}
+            if isinstance(mapping, dict):
+                return {str(k): str(v) for k, v in mapping.items()}
+    return {}
+
+
+class _MappedFinder:
+    """Imports the top-level names of editable installs from their mapped folders. It sits
+    at the END of ``sys.meta_path``: it cannot shadow the stdlib, pytest or its plugins."""
+
+    def __init__(self, mapping: dict):
+        self.mapping = mapping
+
+    def find_spec(self, fullname, path=None, target=None):
+        from importlib.util import spec_from_file_location
+
+        where = self.mapping.get(fullname)
+        if where is None or "." in fullname:
+            return None
+        init = os.path.join(where, "__init__.py")
+        if os.path.isfile(init):
+            return spec_from_file_location(fullname, init, submodule_search_locations=[where])
+        if os.path.isfile(where) and where.endswith(".py"):
+            return spec_from_file_location(fullname, where)
+        return None
+
+
 def _pth_paths(pth: str, site: str) -> list[str]:
     out = []
     try:
@@ -84,6 +141,9 @@ def main() -> int:
     for path in _workspace_paths(root):
         if path not in sys.path:
             sys.path.append(path)
+    mapping = _editable_mapping()
+    if mapping:
+        sys.meta_path.append(_MappedFinder(mapping))
     args = list(sys.argv[1:])
     args += ["-c", os.environ["GYRE_GRADER_INI"], "--rootdir", root, "--confcutdir", root]
     args += ["-p", "no:cacheprovider", "-o", "junit_family=xunit1"]

@@ -165,7 +165,7 @@ class PotentialScorer:
         prune = " -o ".join(f"-name {shell_quote(p)}" for p in _PRUNE)
         listing = (
             f"cd {ws} && find . \\( {prune} \\) -prune -o -type f -printf '%P\\t%T@\\t%s\\n' "
-            f"2>/dev/null | LC_ALL=C sort > {man}.new"
+            f"> {man}.new 2>/dev/null"
         )
         check = (
             f"{shell_quote(self.python)} -I -c {shell_quote(_CHECKER)} {man} {ws} "

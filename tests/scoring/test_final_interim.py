@@ -90,3 +90,32 @@ def test_non_incremental_rechecks_every_file(sandbox, calc_task):
         sandbox.write_file(f"m{i}.py", "x = 1\n")
     assert scorer.update().rechecked == 5
     assert scorer.update().rechecked == 5
+
+
+def test_editable_install_with_a_renamed_package_folder(calc_pip_task, tmp_path):
+    """setuptools installs such a package through an import-hook .pth, which the grader
+    never runs; it reads the hook's mapping as data and imports from the mapped folder."""
+    ws = write_tree(
+        tmp_path / "renamed",
+        {
+            "code/calc_impl/__init__.py": GOLD,
+            "pyproject.toml": PYPROJECT_RENAMED,
+        },
+    )
+    result = grade_workspace(calc_pip_task, ws, LOCAL)
+    assert (result.status, result.score) == ("ok", 1.0), result.commands[-1].output
+
+
+PYPROJECT_RENAMED = """
+[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "calc"
+version = "0.1"
+
+[tool.setuptools]
+packages = ["calc"]
+package-dir = {"calc" = "code/calc_impl"}
+"""
