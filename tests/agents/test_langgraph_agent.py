@@ -98,3 +98,26 @@ def test_tools_subagent_and_compaction_branches(tmp_path, scripted_service, tool
     assert result.model_calls == len(records) == 7
     assert all(r.parent is not None for r in records if r.role == "summary")
     assert [s["tool"] for s in result.trace] == ["list_dir", "write_file", "submit"]
+
+
+def test_dead_model_endpoint_is_an_infra_error_not_a_zero():
+    """A model endpoint nobody answers: the agent ends with ``model_error``, the runner
+    retries the episode, and the result is ``infra_error`` with no score."""
+    from gyre_env.agents.base import ModelEndpoint
+
+    def endpoint(session):  # port 9 (discard): nothing listens there
+        return ModelEndpoint(base_url="http://127.0.0.1:9/v1", session=session)
+
+    agent = LangGraphAgent(LangGraphAgentConfig(model_retries=0, request_timeout_s=5))
+    runner = Runner(agent, RunnerConfig(max_retries=1), endpoint_factory=endpoint)
+    [result] = runner.run(
+        [
+            EpisodeSpec(
+                episode_id="dead-model", env_id=ENV, reset_options={"task_id": "micro-rational"}
+            )
+        ]
+    )
+    assert result.outcome == "infra_error" and result.score is None, result
+    assert result.attempts == 2 and result.retried_sessions == ["dead-model"]
+    assert result.session == "dead-model.r1"
+    assert result.end_reason == "model_error" and "model endpoint failed" in result.message
