@@ -24,6 +24,7 @@ Dependency Library Versions" section. ``pip install`` test commands are rewritte
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -113,7 +114,7 @@ class _Skip(Exception):
 def _load_one(
     task_dir: Path,
     source: Path | None,
-    overlay: Path,
+    cache: Path,
     requirements: str | Path | None,
     options: dict,
 ) -> Task:
@@ -132,7 +133,7 @@ def _load_one(
         count = int(count_file.read_text().strip())
     except (OSError, ValueError) as e:
         raise TaskFormatError(f"{count_file}: expected a single integer") from e
-    build_overlay(source, test_paths, overlay)
+    overlay = build_overlay(source, test_paths, cache)
     if options["offline_install"]:
         commands = [offline_pip(c) for c in commands]
     return Task(
@@ -215,13 +216,22 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip("-.") or "task"
 
 
-def build_overlay(source: Path, test_paths: list[str], overlay: Path) -> None:
-    """Copy ``test_paths`` (files or folders) from a source tree or archive to ``overlay``."""
+def build_overlay(source: Path, test_paths: list[str], cache: Path) -> Path:
+    """Copy ``test_paths`` (files or folders) from a source tree or archive into a folder
+    under ``cache`` and return it.
+
+    The folder is named by a digest of the test paths and of the source's content (the
+    archive, or the files under the test paths), and is never changed once built: a second load reuses it, and a grader
+    reading it is not disturbed when another process loads a changed source.
+    """
     for rel in test_paths:
         if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
             raise TaskFormatError(f"test path {rel!r} must be relative, inside the repository")
-    overlay.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{overlay.name}-", dir=overlay.parent))
+    overlay = cache / _source_digest(source, test_paths)
+    if overlay.is_dir():
+        return overlay
+    cache.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache))
     try:
         if source.is_dir():
             tree = source
@@ -243,11 +253,27 @@ def build_overlay(source: Path, test_paths: list[str], overlay: Path) -> None:
                 shutil.copy2(src, out / rel)
             else:
                 raise TaskFormatError(f"test path {rel!r} not found in {source}")
-        if overlay.exists():
-            shutil.rmtree(overlay)
-        out.rename(overlay)
+        try:
+            out.rename(overlay)
+        except OSError:
+            if not overlay.is_dir():  # not a concurrent build of the same digest
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return overlay
+
+
+def _source_digest(source: Path, test_paths: list[str]) -> str:
+    h = hashlib.sha256(json.dumps(sorted(test_paths)).encode())
+    files = [source]
+    if source.is_dir():
+        roots = [source / rel.rstrip("/") for rel in test_paths]
+        files = sorted(f for r in roots for f in ([r] if r.is_file() else r.rglob("*")))
+    for f in files:
+        if f.is_file():
+            h.update(f"{f.relative_to(source) if f != source else f.name}\0".encode())
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:16]
 
 
 def _extract(archive: Path, dest: Path) -> Path:

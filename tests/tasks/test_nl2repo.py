@@ -129,3 +129,18 @@ def test_registered_suite_and_preflight_scores_upstream_solution(checkout, tmp_p
     assert (gold.passed, gold.collected, gold.score) == (2, 2, 1.0), gold.log
     empty = run_preflight(mini, gold=False)
     assert empty.passed == 0 and empty.score == 0.0
+
+
+def test_overlay_is_reused_and_never_changed_in_place(checkout, tmp_path):
+    """A second load reuses the hidden-test folder; a changed source gets a new one and
+    the folder an earlier Task points at stays as it was."""
+    repo, upstream = checkout
+    cache = tmp_path / "cache"
+    (first,) = load_nl2repo(repo, upstream, cache_dir=cache, only=["Other_Lib"])
+    (again,) = load_nl2repo(repo, upstream, cache_dir=cache, only=["Other_Lib"])
+    assert again.hidden_tests_dir == first.hidden_tests_dir
+    (upstream / "other-lib" / "test_other.py").write_text("def test_y():\n    pass\n")
+    (changed,) = load_nl2repo(repo, upstream, cache_dir=cache, only=["Other_Lib"])
+    assert changed.hidden_tests_dir != first.hidden_tests_dir
+    assert "test_x" in (first.hidden_tests_dir / "test_other.py").read_text()
+    assert "test_y" in (changed.hidden_tests_dir / "test_other.py").read_text()
