@@ -69,7 +69,7 @@ class LangGraphAgentConfig:
     """Budgets and knobs of the LangGraph agent."""
 
     max_steps: int = 60
-    """Tool calls the main agent may make (sub-agent steps count too)."""
+    """Tool calls the main agent may make (a sub-agent has its own ``subagent_max_steps``)."""
     max_tokens: int = 400_000
     """Prompt + completion tokens over all model calls of the episode."""
     max_new_tokens: int = 512
@@ -79,6 +79,8 @@ class LangGraphAgentConfig:
     """Compact the history once a prompt used more than this share of the context window."""
     nudges: int = 2
     """Consecutive replies without a tool call answered with a nudge before giving up."""
+    max_compactions: int = 20
+    """Compactions per episode before it ends with ``context_full``."""
     subagent: bool = True
     """Offer the ``subagent`` tool."""
     subagent_max_steps: int = 8
@@ -146,8 +148,17 @@ class LangGraphAgent:
             "messages": [SystemMessage(SYSTEM_PROMPT), HumanMessage(str(ctx.observation))],
             "steps": 0,
         }
+        from langgraph.errors import GraphRecursionError
+
         try:
             final = graph.invoke(state, self.config.max_steps)
+        except GraphRecursionError as e:  # a safety net: budgets normally end the graph first
+            return AgentResult(
+                reason=EndReason.STEP_BUDGET,
+                message=f"graph recursion: {e}",
+                model_calls=usage.calls,
+                tokens=usage.tokens,
+            )
         except AgentStop as stop:
             return AgentResult(
                 reason=stop.reason, message=str(stop), model_calls=usage.calls, tokens=usage.tokens
@@ -277,6 +288,15 @@ class _EpisodeGraph:
                 "end": EndReason.STEP_BUDGET.value,
                 "end_message": f"{steps} steps",
             }
+        if not last.tool_calls:  # only unparseable calls: counts like a reply without one
+            used = state.get("nudges", 0) + 1
+            if used > self.cfg.nudges:
+                return {
+                    "messages": out,
+                    "end": EndReason.NO_TOOL_CALL.value,
+                    "end_message": f"{used} replies in a row without a valid tool call",
+                }
+            return {"messages": out, "nudges": used}
         return {"messages": out, "steps": steps, "nudges": 0}
 
     def after_tools(self, state: GraphState) -> str:
@@ -295,8 +315,8 @@ class _EpisodeGraph:
 
         messages = state["messages"]
         done = state.get("compactions", 0)
-        if done >= 3:
-            return {"end": EndReason.CONTEXT_FULL.value, "end_message": "compacted 3 times"}
+        if done >= self.cfg.max_compactions:
+            return {"end": EndReason.CONTEXT_FULL.value, "end_message": f"compacted {done} times"}
         keep = messages[:2]  # system prompt and task
         try:
             # Same tools as the main calls, so the request extends the main context's ids.
