@@ -192,13 +192,16 @@ class TaskCheck:
     empty: PreflightResult
     visible: PreflightResult | None = None
     """The gold solution against the visible tests, for tasks that have them."""
+    require_gold: bool = True
+    """A task without a gold solution fails the check (else only the empty run counts)."""
 
     @property
     def problems(self) -> list[str]:
         """Why the task fails the preflight; empty when it passes."""
         out = []
         if self.gold is None:
-            out.append("no gold solution")
+            if self.require_gold:
+                out.append("no gold solution")
         else:
             if self.gold.score < 1.0:
                 out.append(f"gold scores {self.gold.score:.3f} ({self.gold.passed} passed)")
@@ -220,16 +223,23 @@ class TaskCheck:
         return not self.problems
 
 
-def check_task(task: Task) -> TaskCheck:
-    """Run the gold and the empty-workspace preflight of one task."""
+def check_task(task: Task, *, require_gold: bool = True) -> TaskCheck:
+    """Run the gold and the empty-workspace preflight of one task.
+
+    ``require_gold=False`` accepts a task without gold (NL2Repo tasks): the empty run
+    still catches a leak, e.g. the project's own package already installed.
+    """
     has_gold = task.gold_dir is not None
     gold = run_preflight(task, gold=True) if has_gold else None
     visible = run_preflight(task, visible=True) if has_gold and task.has_visible_tests else None
-    return TaskCheck(task=task, gold=gold, empty=run_preflight(task, gold=False), visible=visible)
+    empty = run_preflight(task, gold=False)
+    return TaskCheck(task=task, gold=gold, empty=empty, visible=visible, require_gold=require_gold)
 
 
-def check_tasks(tasks: list[Task], *, workers: int | None = None) -> list[TaskCheck]:
+def check_tasks(
+    tasks: list[Task], *, workers: int | None = None, require_gold: bool = True
+) -> list[TaskCheck]:
     """``check_task`` over many tasks in parallel (the work is subprocesses), in order."""
     workers = workers or min(8, max(2, (os.cpu_count() or 2) * 2))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(check_task, tasks))
+        return list(pool.map(lambda t: check_task(t, require_gold=require_gold), tasks))

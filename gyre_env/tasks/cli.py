@@ -22,7 +22,17 @@ def add_commands(sub) -> None:
     _suite_args(check)
     check.add_argument("--task", action="append", default=[], help="only this task id (repeatable)")
     check.add_argument("--jobs", type=int, default=None, help="tasks checked in parallel")
+    check.add_argument(
+        "--no-gold-ok",
+        action="store_true",
+        help="accept tasks without a gold solution (NL2Repo): only the empty run is checked",
+    )
     check.set_defaults(func=_cmd_check)
+
+    show = tsub.add_parser("show", help="print a task's metadata and spec")
+    _suite_args(show)
+    show.add_argument("task", help="task id")
+    show.set_defaults(func=_cmd_show)
 
 
 def _suite_args(p: argparse.ArgumentParser) -> None:
@@ -51,7 +61,10 @@ def _load(args) -> list:
     try:
         tasks = load_suite(args.suite, **options)
         if getattr(args, "task", None):
-            tasks = [get_task(t, args.suite, **options) for t in args.task]
+            wanted = [args.task] if isinstance(args.task, str) else args.task
+            by_id = {t.id: t for t in tasks}
+            # get_task only for a missing id: it raises with a did-you-mean hint
+            tasks = [by_id.get(i) or get_task(i, args.suite, **options) for i in wanted]
     except (UnknownNameError, TaskFormatError, TypeError) as e:
         raise SystemExit(f"gyre tasks: error: {e}") from e
     if args.tier:
@@ -87,7 +100,7 @@ def _cmd_check(args) -> int:
     tasks = _load(args)
     start = time.monotonic()
     failed = 0
-    for result in check_tasks(tasks, workers=args.jobs):
+    for result in check_tasks(tasks, workers=args.jobs, require_gold=not args.no_gold_ok):
         t = result.task
         gold = (
             f"gold {result.gold.passed}/{t.test_count} passed, {result.gold.collected} collected"
@@ -107,3 +120,28 @@ def _cmd_check(args) -> int:
     took = time.monotonic() - start
     print(f"{len(tasks) - failed} passed, {failed} failed in {took:.1f}s")
     return 1 if failed else 0
+
+
+def _cmd_show(args) -> int:
+    (task,) = _load(args)
+    fields = {
+        "id": task.id,
+        "title": task.title,
+        "tier": task.tier,
+        "domain": task.domain,
+        "tests": task.test_count,
+        "spec words": task.spec_words,
+        "image": task.image,
+        "test commands": " ; ".join(task.test_commands),
+        "hidden tests": ", ".join(task.hidden_test_paths),
+        "visible tests": ", ".join(task.visible_test_paths) or "-",
+        "limits": f"{task.max_steps} steps, {task.wall_clock_s:.0f}s",
+        "gold": str(task.gold_dir) if task.gold_dir else "-",
+        "source": task.source,
+    }
+    width = max(len(k) for k in fields)
+    for key, value in fields.items():
+        print(f"{key.ljust(width)}  {value}")
+    print()
+    print(task.spec.rstrip())
+    return 0

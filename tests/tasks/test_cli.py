@@ -80,3 +80,35 @@ def test_list_nl2repo_checkout_with_options(checkout, tmp_path, capsys):
         ["Other_Lib", "repo", "nl2repo", "1"],
         ["mini", "repo", "nl2repo", "2"],
     ]
+
+
+def test_show_prints_metadata_and_spec(capsys):
+    assert gyre("tasks", "show", "micro-token-bucket") == 0
+    out = capsys.readouterr().out
+    assert "domain         concurrency" in out
+    assert "# Token-bucket rate limiter" in out
+    with pytest.raises(SystemExit, match="Did you mean 'micro-token-bucket'"):
+        gyre("tasks", "show", "micro-token-buket")
+
+
+def test_check_nl2repo_without_gold(checkout, tmp_path, capsys):
+    """NL2Repo tasks have no gold: --no-gold-ok checks that an empty workspace scores 0."""
+    repo, upstream = checkout
+    argv = [
+        "--suite",
+        "nl2repo",
+        "-o",
+        f"checkout={repo}",
+        "-o",
+        f"tests={upstream}",
+        "-o",
+        f"cache_dir={tmp_path / 'cache'}",
+        "--task",
+        "Other_Lib",
+    ]
+    with pytest.warns(UserWarning):
+        assert gyre("tasks", "check", *argv) == 1  # gold required by default
+    assert "FAIL mini: no gold; empty 0/2: no gold solution" in capsys.readouterr().out
+    with pytest.warns(UserWarning):
+        assert gyre("tasks", "check", *argv, "--no-gold-ok") == 0
+    assert "PASS mini: no gold; empty 0/2" in capsys.readouterr().out
