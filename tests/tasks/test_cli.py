@@ -104,7 +104,7 @@ def test_check_nl2repo_without_gold(checkout, tmp_path, capsys):
         "-o",
         f"cache_dir={tmp_path / 'cache'}",
         "--task",
-        "Other_Lib",
+        "mini",
     ]
     with pytest.warns(UserWarning):
         assert gyre("tasks", "check", *argv) == 1  # gold required by default
