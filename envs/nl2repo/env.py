@@ -185,6 +185,7 @@ class NL2RepoEnv(gym.Env):
         if self._closed:
             raise RuntimeError("this env is closed")
         self._release()
+        self._done = True  # until the new sandbox is up: a failed reset leaves no episode
         task = self._pick(dict(options or {}))
         self.task, self.last_grading = task, None
         self.sandbox = self._start(task)

@@ -9,11 +9,12 @@
 An episode ends with one of ``OUTCOMES``:
 
 - ``success``: submitted, final score >= the env's success threshold (1.0 by default);
-- ``failure``: submitted with a lower score (also when the workspace broke the grading
-  run but the agent did not cause an ``agent_error`` below);
+- ``failure``: submitted with a lower score (a failed ``pip install`` whose tests then
+  fail is a failure: the reports were written);
 - ``timeout``: the step or wall-clock limit cut the episode (``truncated=True``); the work
   done is graded like a submission;
-- ``agent_error``: the workspace broke grading itself (install, interpreter crash, hang);
+- ``agent_error``: submitted, and the workspace broke grading itself (no report: the
+  interpreter crashed, the tests hung) while the grader works on the gold workspace;
   scored, and the score is valid;
 - ``infra_error``: a failure outside the agent's reach (dead sandbox, missing image, a
   grader that fails on the gold workspace too); ``reward_valid`` is False.

@@ -9,9 +9,9 @@ import sys
 
 import gymnasium as gym
 import pytest
-from conftest import GOLD, PARTIAL, call
 from gymnasium.utils.env_checker import check_env
 from gyre_env.envs.nl2repo.env import EnvInfraError, NL2RepoEnv
+from nl2repo_task import GOLD, PARTIAL, call
 
 import gyre_env
 from gyre_env.scoring import OUTCOMES
@@ -191,12 +191,14 @@ def test_options_are_checked():
 
 
 def test_setup_failure_raises_env_infra_error(tmp_path):
-    from conftest import TASK_TOML, make_task_dir
+    from nl2repo_task import TASK_TOML, make_task_dir
 
     folder = make_task_dir(tmp_path / "t", TASK_TOML + 'setup_commands = ["exit 7"]\n')
     env = make_env(folder)
     with pytest.raises(EnvInfraError, match="exit 7"):
         env.reset(seed=0)
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(call("bash", command="true"))
     env.close()
 
 

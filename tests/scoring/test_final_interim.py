@@ -6,7 +6,7 @@ import dataclasses
 import time
 
 import pytest
-from conftest import GOLD, TASK_TOML, make_calc_task, write_tree
+from calc_task import GOLD, TASK_TOML, make_calc_task, write_tree
 
 from gyre_env.sandbox.local import LocalSandbox
 from gyre_env.scoring import GradingConfig, PotentialConfig, PotentialScorer, grade_workspace

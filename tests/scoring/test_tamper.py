@@ -12,7 +12,7 @@ Docker: on the local backend they would write into this machine's Python.
 from __future__ import annotations
 
 import pytest
-from conftest import PYPROJECT, naive_score, write_tree
+from calc_task import PYPROJECT, naive_score, write_tree
 
 from gyre_env.scoring import GradingConfig, grade_workspace
 
