@@ -85,6 +85,11 @@ class RecordTap:
             self._cond.wait_for(lambda: len(self._calls.get(session, ())) > count, timeout)
             return len(self._calls.get(session, ()))
 
+    def forget(self, session: str) -> None:
+        """Drop a finished session's summaries."""
+        with self._cond:
+            self._calls.pop(session, None)
+
     def close(self) -> None:
         for sink in self.inner:
             sink.close()
@@ -276,6 +281,13 @@ class ModelService:
             context_length=self.context_length,
             calls=self.tap,
         )
+
+    def release(self, session: str) -> None:
+        """Forget a finished episode's session (the proxy's prefix cache and the tap's
+        summaries); its records are already in the sinks."""
+        self.tap.forget(session)
+        if self.proxy is not None and self.proxy.core is not None:
+            self.proxy.core.sessions.drop(session)
 
     def stop(self) -> None:
         if self.relay is not None:

@@ -50,6 +50,7 @@ def main() -> None:
             agent,
             RunnerConfig(parallel=args.parallel),
             endpoint_factory=service.endpoint,
+            release_endpoint=service.release,
             sink=JsonlResultSink(f"{args.out}/results.jsonl"),
         )
         done = threading.Event()

@@ -224,6 +224,7 @@ def _run(cfg: BenchConfig, agent, service, specs, out: Path, store=None):
             parallel=cfg.parallel, time_limit_s=cfg.time_limit_s, max_retries=cfg.max_retries
         ),
         endpoint_factory=endpoint_factory,
+        release_endpoint=service.release if service is not None else None,
         sink=_result_sink(out, store, cfg.run or out.name),
         on_result=on_result,
     )

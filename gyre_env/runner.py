@@ -230,8 +230,13 @@ class Runner:
         sink: ResultSink | None = None,
         on_result: Callable[[EpisodeResult], None] | None = None,
         waterlevel: WaterLevel | None = None,
+        release_endpoint: Callable[[str], None] | None = None,
     ):
+        """``endpoint_factory(session)`` gives each attempt its model endpoint and
+        ``release_endpoint(session)`` is called when the attempt is over (e.g.
+        ``ModelService.endpoint`` / ``ModelService.release``)."""
         self.agent = agent
+        self.release_endpoint = release_endpoint
         self.config = config or RunnerConfig()
         self.endpoint_factory = endpoint_factory
         self.sink = sink
@@ -353,6 +358,8 @@ class Runner:
             if ctx is not None:
                 with self._active_lock:
                     self._active.pop(session, None)
+                if self.release_endpoint is not None and ctx.endpoint is not None:
+                    self.release_endpoint(session)
             if env is not None:
                 _close_quietly(env)
             result.times = clock.close()
