@@ -280,10 +280,19 @@ def test_docker_episode_gold_and_partial(task_dir):
     env = NL2RepoEnv(task_path=str(task_dir), sandbox_backend="docker")
     obs, info = env.reset(seed=0)
     assert "/workspace" not in obs
+    # The hidden tests are nowhere in the agent's container (not in the image either).
+    found, first, *_ = env.step(
+        call(
+            "bash",
+            command="find / -xdev -name 'test_calc.py' 2>/dev/null; "
+            "grep -rl 'def test_div' /workspace /tmp /root",
+        )
+    )
+    assert "test_calc" not in found and found.strip().endswith("[exit code 1]"), found
     rewards, obs, terminated, _, info = run(
         env, [call("write_file", path="calc.py", content=GOLD), call("run_tests"), call("submit")]
     )
-    assert info["outcome"] == "success" and sum(rewards) == 1.0, obs
+    assert info["outcome"] == "success" and first + sum(rewards) == 1.0, obs
     assert env.last_grading.privilege_drop
     env.reset(seed=0)
     rewards, *_, info = run(
