@@ -55,7 +55,7 @@ def serve_proxy(port: int, records: str) -> None:
 
     tok = load_tokenizer()
     reply = tok.backend_tokenizer.encode(REPLY + "<|im_end|>", add_special_tokens=False).ids
-    engine = ScriptedEngine([reply], name="instant", context_length=262144)
+    engine = ScriptedEngine([reply], name="instant", context_length=262144, record_prompts=False)
     config = ProxyConfig(port=port, max_sessions=4096)
     ProxyServer(
         config, engines=[engine], tokenizer=tok, sink=JsonlSink(records, compact=True)

@@ -51,7 +51,7 @@ def parse_request(body: dict) -> ChatRequest:
         if text:
             messages.append({"role": "system", "content": text})
     for k, m in enumerate(raw):
-        messages.extend(_message(m, f"messages[{k}]"))
+        messages.extend(_message(m, k))
     tools = _tools(body.get("tools"))
     choice = opt_object(body, "tool_choice") or {}
     parse_tools = choice.get("type") != "none"
@@ -76,16 +76,18 @@ def parse_request(body: dict) -> ChatRequest:
     )
 
 
-def _message(m: object, where: str) -> list[dict]:
-    expect(m, (dict,), where, "an object")
+def _message(m: object, k: int) -> list[dict]:
+    if type(m) is not dict:
+        expect(m, (dict,), f"messages[{k}]", "an object")
     role = m.get("role")
+    content = m.get("content")
+    if type(content) is str and role in ("user", "assistant", "system"):
+        return [{"role": role, "content": content}]  # the common case, kept cheap
+    where = f"messages[{k}]"
     if role not in ("user", "assistant", "system"):
         raise RequestError(
             f"{where}.role: expected user, assistant or system, got {role!r}", param=f"{where}.role"
         )
-    content = m.get("content")
-    if isinstance(content, str):
-        return [{"role": role, "content": content}]
     expect(content, (list,), f"{where}.content", "a string or an array of content blocks")
     if role == "assistant":
         return [_assistant(content, where)]

@@ -32,7 +32,7 @@ def parse_request(body: dict) -> ChatRequest:
     expect(raw_messages, (list,), "messages", "an array of messages")
     if not raw_messages:
         raise RequestError("messages: must not be empty", param="messages")
-    messages = [_message(m, f"messages[{k}]") for k, m in enumerate(raw_messages)]
+    messages = [_message(m, k) for k, m in enumerate(raw_messages)]
     n = opt_int(body, "n", lo=1)
     if n not in (None, 1):
         raise RequestError("n: only n=1 is supported", param="n")
@@ -64,15 +64,24 @@ def parse_request(body: dict) -> ChatRequest:
     )
 
 
-def _message(m: object, where: str) -> dict:
-    expect(m, (dict,), where, "an object")
+def _message(m: object, k: int) -> dict:
+    # runs once per message of every request: error paths build their messages lazily
+    if type(m) is not dict:
+        expect(m, (dict,), f"messages[{k}]", "an object")
     role = m.get("role")
     if role not in _ROLES:
         raise RequestError(
-            f"{where}.role: expected one of {sorted(_ROLES)}, got {role!r}", param=f"{where}.role"
+            f"messages[{k}].role: expected one of {sorted(_ROLES)}, got {role!r}",
+            param=f"messages[{k}].role",
         )
     content = m.get("content")
-    text = "" if content is None else text_of_parts(content, f"{where}.content")
+    if type(content) is str:
+        text = content
+    else:
+        text = "" if content is None else text_of_parts(content, f"messages[{k}].content")
+    if role == "user":
+        return {"role": role, "content": text}
+    where = f"messages[{k}]"
     if role == "developer":
         role = "system"
     out: dict = {"role": role, "content": text}

@@ -158,7 +158,8 @@ class Router:
             replica.inflight += 1
             started = time.monotonic()
             try:
-                async for chunk in replica.engine.stream(prompt_ids + produced, remaining):
+                ids = prompt_ids + produced if produced else prompt_ids
+                async for chunk in replica.engine.stream(ids, remaining):
                     if not trace.first_token_s:
                         trace.first_token_s = time.monotonic() - started
                     produced.extend(chunk.ids)

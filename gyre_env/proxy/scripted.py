@@ -35,6 +35,7 @@ class ScriptedEngine:
         chunk_size: int = 0,
         delay_s: float = 0.0,
         weight_version: int = 0,
+        record_prompts: bool = True,
     ):
         self.name = name
         self.context_length = context_length
@@ -45,8 +46,10 @@ class ScriptedEngine:
         self._version = weight_version
         self._paused = False
         self._fail_after: int | None = None
+        self.record_prompts = record_prompts
         self.prompts: list[list[int]] = []
-        """Every prompt received, in order (tests compare them with the records)."""
+        """Every prompt received, in order, if ``record_prompts`` (tests compare them with
+        the records; a benchmark turns this off)."""
         self.inflight = 0
 
     def fail_next(self, after_tokens: int = 0) -> None:
@@ -85,7 +88,8 @@ class ScriptedEngine:
     ) -> AsyncIterator[TokenChunk]:
         if self._paused:
             raise EnginePausedError(f"{self.name} is paused")
-        self.prompts.append(list(prompt_ids))
+        if self.record_prompts:
+            self.prompts.append(list(prompt_ids))
         ids, finish = self._script(prompt_ids, params)
         fail_after, self._fail_after = self._fail_after, None
         size = self.chunk_size or max(len(ids), 1)

@@ -117,9 +117,45 @@ def chain_hashes(messages: list[dict], tools: list[dict] | None) -> list[int]:
     return h
 
 
+def _signature(key: tuple) -> tuple:
+    """A few bytes standing for a message key: cheap to hash whatever the content length.
+    Equal keys give equal signatures; candidates found by signature are then compared
+    exactly (``==`` on the keys, a memory compare)."""
+    role, content, call_id, name, reasoning, calls = key
+    return (
+        role,
+        len(content),
+        content[:16],
+        content[-16:],
+        call_id,
+        name,
+        len(reasoning),
+        tuple((n, len(a)) for n, a in calls),
+    )
+
+
+def signature_chain(keys: list[tuple], tools_blob: str) -> list[int]:
+    """``h[i]`` stands for (tools, messages[:i]); cost grows with the number of messages,
+    not with their length."""
+    h = [hash((len(tools_blob), tools_blob[:64], tools_blob[-64:]))]
+    for key in keys:
+        h.append(hash((h[-1], _signature(key))))
+    return h
+
+
+def tools_blob(tools: list[dict] | None) -> str:
+    return _dumps_sorted(tools) if tools else ""
+
+
 @dataclass(eq=False)
 class Node:
-    """One finished call in a session's tree."""
+    """One finished call in a session's tree.
+
+    A node stores only what it adds to its parent: the ids after the parent's prompt+output
+    and the message keys after the parent's prompt messages. Storage per session grows
+    with its tokens, not with calls x context, and recording a call costs O(new tokens).
+    The segments are tuples of atoms, which the garbage collector stops scanning.
+    """
 
     call_index: int
     branch: str
@@ -128,22 +164,41 @@ class Node:
     reply: tuple
     """:func:`reply_key` of the answer this call returned."""
     n_prompt: int
-    n_total: int
     closing: str
     """Text appended after this call's output when a later prompt extends it."""
-    ids: list[int] | None
-    """prompt+output ids; dropped once a same-branch child holds them (see ``holder``)."""
+    id_seg: tuple[int, ...]
+    """This call's prompt ids after ``prefix_len``, then its output ids."""
+    key_seg: tuple[tuple, ...]
+    """:func:`message_key` of the prompt messages after the parent's prompt messages."""
+    n_messages: int
+    tools: str
+    """Canonical JSON of the tools offered (they are part of the prompt)."""
     parent: Node | None = None
     prefix_len: int = 0
-    holder: Node | None = None
+    """Length of the parent's prompt+output ids (0 without a parent)."""
     claimed: bool = False
     """A later call continues this node's branch (others extending it fork a new one)."""
 
+    def _chain(self, attr: str) -> list:
+        segs, node = [], self
+        while node is not None:
+            segs.append(getattr(node, attr))
+            node = node.parent
+        out: list = []
+        for seg in reversed(segs):
+            out += seg
+        return out
+
     def full_ids(self) -> list[int]:
-        node = self
-        while node.ids is None:
-            node = node.holder
-        return node.ids if node is self else node.ids[: self.n_total]
+        """Prompt+output ids (a new list)."""
+        return self._chain("id_seg")
+
+    def prompt_keys(self) -> list[tuple]:
+        return self._chain("key_seg")
+
+    def has_prompt(self, keys: list[tuple], tools: str) -> bool:
+        """Exactly these prompt messages and tools (a memory compare of the strings)."""
+        return self.n_messages == len(keys) and self.tools == tools and self.prompt_keys() == keys
 
 
 @dataclass(kw_only=True)
@@ -158,6 +213,8 @@ class PromptPlan:
     role: BranchRole
     prompt_hash: int
     new_branch: bool
+    keys: list[tuple]
+    tools: str
     render_mismatch: bool = False
 
 
@@ -184,21 +241,29 @@ class Session:
         verify: bool = False,
     ) -> PromptPlan:
         """Choose the parent call and build the prompt ids (reusing the parent's ids)."""
-        hashes = chain_hashes(messages, tools)
+        keys = [message_key(m) for m in messages]
+        blob = tools_blob(tools)
+        hashes = signature_chain(keys, blob)
+        common = {"role": role, "prompt_hash": hashes[-1], "keys": keys, "tools": blob}
         with self.lock:
-            same = self.by_prompt.get(hashes[-1])
-            if same:  # the same prompt again (a retry, or several samples)
-                same = same[-1]
+            same = next(
+                (
+                    n
+                    for n in reversed(self.by_prompt.get(hashes[-1], ()))
+                    if n.has_prompt(keys, blob)
+                ),
+                None,
+            )
+            if same is not None:  # the same prompt again (a retry, or several samples)
                 return PromptPlan(
                     prompt_ids=same.full_ids()[: same.n_prompt],
                     parent=same.parent,
                     prefix_len=same.prefix_len,
                     branch=self._new_branch(),
-                    role=role,
-                    prompt_hash=hashes[-1],
                     new_branch=True,
+                    **common,
                 )
-            node, i = self._find_parent(messages, hashes)
+            node, i = self._find_parent(messages, keys, blob, hashes)
             ids = node.full_ids() if node is not None else None
         if node is None:
             prompt_ids = renderer.encode(renderer.render(messages, tools))
@@ -209,9 +274,8 @@ class Session:
                 parent=None,
                 prefix_len=0,
                 branch=branch,
-                role=role,
-                prompt_hash=hashes[-1],
                 new_branch=True,
+                **common,
             )
         head = _leading_system(messages[: i - 1])
         delta = renderer.render_delta(head, messages[i - 1], messages[i:], tools)
@@ -226,19 +290,22 @@ class Session:
                 node.claimed, branch, new_branch = True, node.branch, False
             else:
                 branch, new_branch = self._new_branch(), True
+        prefix_len = len(ids)
+        ids += suffix  # full_ids() built a new list: it becomes the prompt
         return PromptPlan(
-            prompt_ids=ids + suffix,
+            prompt_ids=ids,
             parent=node,
-            prefix_len=len(ids),
+            prefix_len=prefix_len,
             branch=branch,
-            role=role,
-            prompt_hash=hashes[-1],
             new_branch=new_branch,
             render_mismatch=mismatch,
+            **common,
         )
 
-    def _find_parent(self, messages: list[dict], hashes: list[int]) -> tuple[Node | None, int]:
-        """The latest call whose prompt is ``messages[:i-1]`` and whose reply is
+    def _find_parent(
+        self, messages: list[dict], keys: list[tuple], blob: str, hashes: list[int]
+    ) -> tuple[Node | None, int]:
+        """The latest call whose prompt is exactly ``messages[:i-1]`` and whose reply is
         ``messages[i-1]``, for the largest such ``i`` (the caller holds the lock)."""
         for i in range(len(messages) - 1, 0, -1):
             if messages[i - 1]["role"] != "assistant":
@@ -247,7 +314,7 @@ class Session:
             if candidates:
                 reply = reply_of(messages[i - 1])
                 for node in reversed(candidates):
-                    if node.reply == reply:
+                    if node.reply == reply and node.has_prompt(keys[: i - 1], blob):
                         return node, i
         return None, 0
 
@@ -273,8 +340,8 @@ class Session:
     def commit(
         self, plan: PromptPlan, call_index: int, output_ids: list[int], reply: tuple, closing: str
     ) -> Node:
-        """Remember a finished call so later requests can extend it."""
-        total = plan.prompt_ids + output_ids
+        """Remember a finished call so later requests can extend it (cost: its new tokens)."""
+        parent = plan.parent
         node = Node(
             call_index=call_index,
             branch=plan.branch,
@@ -282,16 +349,15 @@ class Session:
             prompt_hash=plan.prompt_hash,
             reply=reply,
             n_prompt=len(plan.prompt_ids),
-            n_total=len(total),
             closing=closing,
-            ids=total,
-            parent=plan.parent,
+            id_seg=tuple(plan.prompt_ids[plan.prefix_len :]) + tuple(output_ids),
+            key_seg=tuple(plan.keys[parent.n_messages if parent is not None else 0 :]),
+            n_messages=len(plan.keys),
+            tools=plan.tools,
+            parent=parent,
             prefix_len=plan.prefix_len,
         )
         with self.lock:
-            parent = plan.parent
-            if parent is not None and not plan.new_branch and parent.ids is not None:
-                parent.ids, parent.holder = None, node  # the child's ids start with the parent's
             self.nodes[call_index] = node
             self.by_prompt.setdefault(node.prompt_hash, []).append(node)
             while len(self.nodes) > self.max_nodes:
