@@ -9,6 +9,7 @@ import sys
 # Each module defines add_commands(subparsers) and imports its heavy parts inside handlers.
 _COMMAND_MODULES = [
     "gyre_env.sandbox.cli",
+    "gyre_env.tasks.cli",
     "gyre_env.trajectory.cli",
     "gyre_env.bench_cli",
 ]
