@@ -117,29 +117,15 @@ def chain_hashes(messages: list[dict], tools: list[dict] | None) -> list[int]:
     return h
 
 
-def _signature(key: tuple) -> tuple:
-    """A few bytes standing for a message key: cheap to hash whatever the content length.
-    Equal keys give equal signatures; candidates found by signature are then compared
-    exactly (``==`` on the keys, a memory compare)."""
-    role, content, call_id, name, reasoning, calls = key
-    return (
-        role,
-        len(content),
-        content[:16],
-        content[-16:],
-        call_id,
-        name,
-        len(reasoning),
-        tuple((n, len(a)) for n, a in calls),
-    )
-
-
 def signature_chain(keys: list[tuple], tools_blob: str) -> list[int]:
-    """``h[i]`` stands for (tools, messages[:i]); cost grows with the number of messages,
-    not with their length."""
-    h = [hash((len(tools_blob), tools_blob[:64], tools_blob[-64:]))]
-    for key in keys:
-        h.append(hash((h[-1], _signature(key))))
+    """``h[i]`` stands for (tools, messages[:i]) by the messages' roles and lengths only:
+    cheap whatever the content length. Equal prompts give equal chains; candidates found
+    this way are then compared exactly (``==`` on the keys, a memory compare)."""
+    h = [hash((len(tools_blob), tools_blob[:64]))]
+    last = h[0]
+    for role, content, call_id, _, reasoning, calls in keys:
+        last = hash((last, role, len(content), call_id, len(reasoning), len(calls)))
+        h.append(last)
     return h
 
 
