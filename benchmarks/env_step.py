@@ -18,6 +18,7 @@ import os
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gymnasium as gym
@@ -99,13 +100,19 @@ def bench_preflight(backend: str) -> None:
         f"    local preflight (gold + empty, threads)   {time.perf_counter() - start:7.1f} s"
         f"   failing: {bad or 'none'}"
     )
-    start = time.perf_counter()
-    results = [grade_workspace(t, t.gold_dir, GradingConfig(backend=backend)) for t in tasks]
-    wrong = [t.id for t, r in zip(tasks, results, strict=True) if r.score != 1.0]
-    print(
-        f"    sandboxed grader on gold, sequential      {time.perf_counter() - start:7.1f} s"
-        f"   not 1.0: {wrong or 'none'}   (backend={backend})"
-    )
+    for workers in (1, 4):
+        start = time.perf_counter()
+        with ThreadPoolExecutor(workers) as pool:
+            results = list(
+                pool.map(
+                    lambda t: grade_workspace(t, t.gold_dir, GradingConfig(backend=backend)), tasks
+                )
+            )
+        wrong = [t.id for t, r in zip(tasks, results, strict=True) if r.score != 1.0]
+        print(
+            f"    sandboxed grader on gold, {workers} thread(s)     "
+            f"{time.perf_counter() - start:7.1f} s   not 1.0: {wrong or 'none'} ({backend})"
+        )
 
 
 def bench_vector(backend: str, repeats: int) -> None:
