@@ -231,13 +231,19 @@ def claude_code_command(max_turns: int | None = None, binary: str = "claude") ->
 
 
 class ClaudeCodeAgent(CliAgent):
-    """Claude Code in the sandbox, talking Anthropic's API to the episode's proxy session."""
+    """Claude Code in the sandbox, talking Anthropic's API to the episode's proxy session.
+
+    ``binary``: the ``claude`` executable in the sandbox; ``max_turns``: its ``--max-turns``;
+    ``max_output_tokens``: its per-reply limit (``CLAUDE_CODE_MAX_OUTPUT_TOKENS``; it asks
+    for 32k by default, long for a small local model); ``env``: more variables; other
+    keyword arguments are ``CliAgentConfig`` fields."""
 
     def __init__(
         self,
         *,
         binary: str = "claude",
         max_turns: int | None = None,
+        max_output_tokens: int | None = None,
         env: dict[str, str] | None = None,
         **kwargs,
     ):
@@ -247,6 +253,8 @@ class ClaudeCodeAgent(CliAgent):
             "IS_SANDBOX": "1",  # root in the sandbox: allow --dangerously-skip-permissions
             "DISABLE_AUTOUPDATER": "1",
         }
+        if max_output_tokens is not None:
+            wire["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(int(max_output_tokens))
         wire.update(env or {})
         super().__init__(
             CliAgentConfig(

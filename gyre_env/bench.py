@@ -60,7 +60,7 @@ class BenchConfig:
     max_steps: int | None = None
     """Agent step budget (LangGraph); None: the agent's default."""
     max_new_tokens: int = 256
-    """Completion tokens per model call (LangGraph)."""
+    """Completion tokens per model call (LangGraph; Claude Code: its output limit)."""
     seed: int = 0
     progress: bool = True
     """tqdm progress bar on stderr."""
@@ -131,7 +131,9 @@ def make_agent(cfg: BenchConfig):
     if cfg.agent == "claude-code":
         from gyre_env.agents.cli_tap import CLAUDE_MOUNT
 
-        return agents.ClaudeCodeAgent(binary=f"{CLAUDE_MOUNT}/bin/claude.exe")
+        return agents.ClaudeCodeAgent(
+            binary=f"{CLAUDE_MOUNT}/bin/claude.exe", max_output_tokens=cfg.max_new_tokens
+        )
     return agents.CliAgent(agents.CliAgentConfig(command=cfg.agent, name="cli"))
 
 

@@ -69,7 +69,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=float, default=None, help="seconds per episode")
     p.add_argument("--max-retries", type=int, default=2, help="retries of infra_error episodes")
     p.add_argument("--max-steps", type=int, default=None, help="agent step budget")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per model call")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=256,
+        help="tokens per model call (LangGraph; Claude Code via CLAUDE_CODE_MAX_OUTPUT_TOKENS)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON at the end")

@@ -111,13 +111,16 @@ def test_claude_code_in_docker_sandbox(scripted_service, tmp_path, tool_call_tex
 
     service = scripted_service(policy)
     image = claude_code_image(get_task(TASK).image)
-    agent = ClaudeCodeAgent(binary=f"{CLAUDE_MOUNT}/bin/claude.exe", max_turns=4)
+    agent = ClaudeCodeAgent(
+        binary=f"{CLAUDE_MOUNT}/bin/claude.exe", max_turns=4, max_output_tokens=300
+    )
     result = _run(agent, service, _env_kwargs(service, image), "cc-1", time_limit_s=240)
     assert result.end_reason == "cli_exited" and result.agent_extra["exit_code"] == 0, result
     assert result.agent_extra["result"]["is_error"] is False
     records = [r for r in read_jsonl(tmp_path / "records.jsonl") if r.session == "cc-1"]
     assert len(records) == result.model_calls >= 2
     assert all(r.api == "anthropic" and r.prompt_ids for r in records)
+    assert {r.sampling["max_new_tokens"] for r in records if r.role == "main"} == {300}
     from gyre_env.engines.tiny import load_tokenizer
 
     later = load_tokenizer().decode(records[-1].prompt_ids)
