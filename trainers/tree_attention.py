@@ -27,12 +27,9 @@ import torch
 class _QueryBlock:
     lo: int
     hi: int
-    kv: torch.Tensor | None
-    """[L] key token indices to gather, or None when they are one contiguous range."""
-    kv_lo: int
-    kv_hi: int
-    kv_pos: torch.Tensor
-    """[L] their token indices (for the causal mask of the diagonal)."""
+    ranges: tuple[tuple[int, int], ...]
+    """Key token ranges ``[a, b)`` to gather, root first; the last one ends at ``hi``."""
+    num_keys: int
 
 
 class TreeBlockLayout:
@@ -69,33 +66,36 @@ class TreeBlockLayout:
             ranges.append((s, int(i) + 1))
             i = parent[s]
         ranges.reverse()
-        idx = np.concatenate([np.arange(a, b) for a, b in ranges])
-        contiguous = idx[-1] - idx[0] + 1 == len(idx)
-        idx_t = torch.as_tensor(idx)
+        merged = [ranges[0]]
+        for a, b in ranges[1:]:  # a first child usually follows its parent directly
+            if a == merged[-1][1]:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        ranges = merged
         return _QueryBlock(
-            lo=lo,
-            hi=hi,
-            kv=None if contiguous else idx_t,
-            kv_lo=int(idx[0]),
-            kv_hi=int(idx[-1]) + 1,
-            kv_pos=idx_t,
+            lo=lo, hi=hi, ranges=tuple(ranges), num_keys=sum(b - a for a, b in ranges)
         )
 
     @property
     def pairs(self) -> int:
         """(query, key) score pairs the kernel computes (work, including diagonal waste)."""
-        return sum((b.hi - b.lo) * len(b.kv_pos) for b in self.blocks)
+        return sum((b.hi - b.lo) * b.num_keys for b in self.blocks)
 
 
 def _gather(x: torch.Tensor, blk: _QueryBlock) -> torch.Tensor:
-    return x[:, blk.kv_lo : blk.kv_hi] if blk.kv is None else x.index_select(1, blk.kv)
+    """``[H, L, D]`` keys (or values) of a block: one view, or a concatenation of ranges."""
+    if len(blk.ranges) == 1:
+        a, b = blk.ranges[0]
+        return x[:, a:b]
+    return torch.cat([x[:, a:b] for a, b in blk.ranges], dim=1)
 
 
 def _scatter_add(x: torch.Tensor, blk: _QueryBlock, val: torch.Tensor) -> None:
-    if blk.kv is None:
-        x[:, blk.kv_lo : blk.kv_hi] += val
-    else:
-        x.index_add_(1, blk.kv, val)
+    off = 0
+    for a, b in blk.ranges:
+        x[:, a:b] += val[:, off : off + b - a]
+        off += b - a
 
 
 def _probs(q_blk, k_blk, blk: _QueryBlock, scale: float, lse=None):
