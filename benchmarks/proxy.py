@@ -7,8 +7,9 @@ engine that answers instantly (``ScriptedEngine``, a fixed 10-token reply) and w
 records to a JSONL sink; the bare endpoint parses the request JSON (as any server must)
 and returns a fixed chat completion (or the same four SSE events when streaming). The load
 generator is ``wrk`` (apt-get install wrk) with a Lua script giving every request its own
-session path, so each proxy call renders and tokenizes its prompt (no repeated-prompt
-shortcut). Figures printed:
+session path and its own user text, so each proxy call is a session's first call: it
+renders its prompt and tokenizes the new user turn (the repeated system turn comes from
+the renderer's piece cache, as it would across episodes). Figures printed:
 
 - added latency at one connection, p50 and p99 (proxy minus bare);
 - throughput at 16 and 128 connections, streaming and not, as a ratio of the bare one;
@@ -183,12 +184,13 @@ def _post_once(port: int, path: str, body: bytes) -> bytes:
 _LUA = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = %s
+local head, tail = %s, %s
 local n = 0
 local prefix = tostring(math.random(1, 1000000000))
 request = function()
   n = n + 1
-  return wrk.format(nil, "/s/b" .. prefix .. "-" .. n .. "/v1/chat/completions")
+  local path = "/s/b" .. prefix .. "-" .. n .. "/v1/chat/completions"
+  return wrk.format(nil, path, nil, head .. prefix .. "-" .. n .. tail)
 end
 """
 
@@ -197,9 +199,21 @@ def _lua_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _lua_script(stream: bool) -> str:
+    """Every request has its own session and its own user text (the system turn repeats)."""
+    marker = "@@N@@"
+    body = {**BODY, "stream": stream}
+    body["messages"] = [
+        *BODY["messages"][:-1],
+        {"role": "user", "content": f"Hello, what can you do? ({marker})"},
+    ]
+    head, tail = json.dumps(body).split(marker)
+    return _LUA % (_lua_string(head), _lua_string(tail))
+
+
 def wrk(port: int, connections: int, duration: float, stream: bool, tmp: Path) -> dict:
     script = tmp / f"body-{int(stream)}.lua"
-    script.write_text(_LUA % _lua_string(json.dumps({**BODY, "stream": stream})))
+    script.write_text(_lua_script(stream))
     out = subprocess.run(
         [
             "wrk",

@@ -7,6 +7,8 @@ limit.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -41,9 +43,7 @@ class _Stats:
         self.reused_tokens += reused
         self.queue_s += queue_s
         self.latency_s += latency_s
-        for k, edge in enumerate(_BUCKETS):
-            if latency_s <= edge:
-                self.buckets[k] += 1
+        self.buckets[bisect.bisect_left(_BUCKETS, latency_s)] += 1  # cumulated when rendered
 
 
 class ProxyMetrics:
@@ -117,7 +117,7 @@ def _family(scope: str, table: dict[str, _Stats]) -> list[str]:
         metric = "gyre_proxy_replica_latency_seconds"
         lines.append(f"# TYPE {metric} histogram")
         for key, stats in table.items():
-            for edge, count in zip(_BUCKETS, stats.buckets, strict=True):
+            for edge, count in zip(_BUCKETS, itertools.accumulate(stats.buckets), strict=True):
                 le = "+Inf" if edge == float("inf") else f"{edge:g}"
                 lines.append(f'{metric}_bucket{{replica="{_esc(key)}",le="{le}"}} {count}')
             lines.append(f'{metric}_sum{{replica="{_esc(key)}"}} {stats.latency_s}')

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 _SENTINEL = "\u2063GYRE-SENTINEL\u2063"
@@ -55,10 +56,16 @@ class ChatRenderer:
         self._closing: str | None = None
         self._template_vars: dict = {}
         self._template = self._compile_direct()
+        self._pieces = _PieceCache.for_tokenizer(tokenizer, self._encode_raw)
 
     # -- text <-> ids ---------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with special tokens parsed and nothing added (no BOS)."""
+        if self._pieces is not None:
+            return self._pieces.encode(text)
+        return self._encode_raw(text)
+
+    def _encode_raw(self, text: str) -> list[int]:
         if self._backend is not None:
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -179,6 +186,61 @@ class ChatRenderer:
             if last and closing.startswith(last):
                 return closing[len(last) :]
         return closing
+
+
+class _PieceCache:
+    """Encodes text piece by piece, cutting before each special token, with the pieces'
+    ids cached (least recently used dropped past ``max_chars``).
+
+    A special token ends a tokenizer segment, so the ids of the pieces, joined, are the
+    ids of the whole; :meth:`for_tokenizer` checks that on a probe and returns None where
+    it does not hold. Chat prompts repeat whole turns across sessions (Claude Code's ~30k
+    tokens of system prompt and tools, a task's instructions), which are then tokenized
+    once, not at the start of every episode.
+    """
+
+    def __init__(self, split: re.Pattern, encode_raw, max_chars: int):
+        self._split = split
+        self._encode_raw = encode_raw
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._chars = 0
+        self.max_chars = max_chars
+
+    @classmethod
+    def for_tokenizer(
+        cls, tokenizer, encode_raw, max_chars: int = 32_000_000
+    ) -> _PieceCache | None:
+        specials = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
+        if not specials:
+            return None
+        split = re.compile(
+            "(?=" + "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)) + ")"
+        )
+        cache = cls(split, encode_raw, max_chars)
+        probe = "".join(f"{t}x y\n\u00e9 {t}{t}  z" for t in specials) + " tail"
+        if cache.encode(probe) != list(encode_raw(probe)):
+            return None
+        cache._cache.clear()
+        cache._chars = 0
+        return cache
+
+    def encode(self, text: str) -> list[int]:
+        out: list[int] = []
+        cache = self._cache
+        for piece in self._split.split(text):
+            if not piece:
+                continue
+            ids = cache.get(piece)
+            if ids is None:
+                ids = tuple(self._encode_raw(piece))
+                cache[piece] = ids
+                self._chars += len(piece)
+                while self._chars > self.max_chars and cache:
+                    self._chars -= len(cache.popitem(last=False)[0])
+            else:
+                cache.move_to_end(piece)
+            out += ids
+        return out
 
 
 def _token_id(tokenizer, token: str) -> int | None:
