@@ -190,3 +190,19 @@ def tree_policy_loss(
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv)
     total = -(w * surrogate).sum()
     return total / (normalizer if normalizer is not None else max(int(sel.sum()), 1))
+
+
+def hf_packed_logprobs(hf_model, batch: dict, dense_mask: torch.Tensor) -> torch.Tensor:
+    """``packed_logprobs`` for a Hugging Face causal LM (checked exact on Qwen2, sdpa and
+    eager attention, transformers 5.x): the tree goes in as a 4-D additive mask with
+    explicit position ids. Dense, so O(n^2) memory: for small packed trees."""
+    mask = torch.zeros(dense_mask.shape, dtype=torch.float32, device=dense_mask.device)
+    mask.masked_fill_(~dense_mask, torch.finfo(torch.float32).min)
+    out = hf_model(
+        input_ids=batch["input_ids"][None],
+        position_ids=batch["position_ids"][None],
+        attention_mask=mask[None, None],
+    )
+    sel = batch["loss_mask"]
+    logits = out.logits[0, batch["parent_index"][sel]]
+    return torch.log_softmax(logits.float(), -1).gather(-1, batch["input_ids"][sel][:, None])[:, 0]

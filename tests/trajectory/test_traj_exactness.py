@@ -189,3 +189,39 @@ def test_importing_the_trajectory_package_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_hugging_face_qwen2_with_a_4d_tree_mask_is_exact(impl):
+    """A randomly initialised Qwen2 (no weights downloaded) takes the packed tree as a
+    4-D mask with position ids and gives each path's logprobs."""
+    from gyre_env.trainers.tree_model import hf_packed_logprobs
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=1024,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+    )
+    cfg._attn_implementation = impl
+    hf = Qwen2ForCausalLM(cfg).eval()
+    _, unit, _ = _setup("sub_agents_and_summary")
+    tree, flat = pack(unit), pack(unit, flat=True)
+    with torch.no_grad():
+        got = hf_packed_logprobs(hf, tree.tensors(), tree.dense_mask())
+        keys = [_key(tree, i) for i in np.flatnonzero(tree.loss_mask)]
+        starts = np.flatnonzero(flat.parent_index < 0).tolist() + [len(flat)]
+        ref = {}
+        for a, b in zip(starts[:-1], starts[1:], strict=True):
+            ids = torch.as_tensor(flat.input_ids[a:b])
+            lp = torch.log_softmax(hf(input_ids=ids[None]).logits[0, :-1], -1)
+            for i in range(a + 1, b):
+                if flat.loss_mask[i]:
+                    ref[_key(flat, i)] = lp[i - a - 1, flat.input_ids[i]]
+    want = torch.stack([ref[k] for k in keys])
+    assert (got - want).abs().max().item() <= TOL
