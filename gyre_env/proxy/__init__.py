@@ -1,0 +1,40 @@
+"""The model proxy: OpenAI and Anthropic APIs over token-level engines, with TITO records.
+
+Start one in-process and give each episode its own base URL::
+
+    from gyre_env.proxy import JsonlSink, ProxyConfig, ProxyServer
+
+    proxy = ProxyServer(ProxyConfig(), engines=[engine], tokenizer=tok, sink=JsonlSink(path))
+    proxy.start()
+    proxy.openai_base_url("episode-7")     # http://127.0.0.1:PORT/s/episode-7/v1
+    proxy.anthropic_base_url("episode-7")  # http://127.0.0.1:PORT/s/episode-7
+    proxy.stop()
+
+Names are imported on first use, so ``import gyre_env.proxy`` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "ProxyServer": "gyre_env.proxy.server",
+    "ProxyConfig": "gyre_env.proxy.server",
+    "CallRecord": "gyre_env.proxy.records",
+    "RecordSink": "gyre_env.proxy.records",
+    "JsonlSink": "gyre_env.proxy.records",
+    "read_jsonl": "gyre_env.proxy.records",
+    "ScriptedEngine": "gyre_env.proxy.scripted",
+    "UpstreamConfig": "gyre_env.proxy.passthrough",
+    "CallContext": "gyre_env.proxy.sessions",
+    "default_classifier": "gyre_env.proxy.sessions",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gyre_env.proxy' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

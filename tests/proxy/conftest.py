@@ -75,3 +75,27 @@ def start_proxy(tok, tmp_path):
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def byte_ids(tok):
+    """``byte_ids(data)``: one token per byte (the byte-level alphabet), as a sampler may
+    produce them; a multi-byte character comes out split across tokens."""
+    bs = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    char = dict(zip(bs, (chr(c) for c in cs), strict=True))
+
+    def ids(data: bytes) -> list[int]:
+        return [tok.convert_tokens_to_ids(char[b]) for b in data]
+
+    return ids

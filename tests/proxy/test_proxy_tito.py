@@ -13,24 +13,6 @@ import pytest
 from gyre_env.proxy.scripted import ScriptedEngine
 
 
-def _byte_token_ids(tok, data: bytes) -> list[int]:
-    """One token per byte (the byte-level alphabet), as a sampler may produce them."""
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    char = dict(zip(bs, (chr(c) for c in cs), strict=True))
-    return [tok.convert_tokens_to_ids(char[b]) for b in data]
-
-
 def _post(url: str, body: dict) -> dict:
     r = httpx.post(url + "/chat/completions", json=body, timeout=30)
     assert r.status_code == 200, r.text
@@ -48,10 +30,10 @@ def _check_chain(records, prompts):
 
 
 def test_records_reproduce_sampled_ids_across_tools_utf8_and_stops(
-    start_proxy, tok, enc, bash_tool
+    start_proxy, tok, enc, bash_tool, byte_ids
 ):
     BASH_TOOL = bash_tool
-    emoji = _byte_token_ids(tok, "😀".encode())
+    emoji = byte_ids("😀".encode())
     assert emoji != enc("😀"), "the split must differ from the tokenizer's own"
     call = enc('<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call><|im_end|>')
     text = enc("I see ") + emoji + enc(" files.<|im_end|>")
