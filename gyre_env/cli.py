@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-
 # Each module defines add_commands(subparsers) and imports its heavy parts inside handlers.
 _COMMAND_MODULES = [
     "gyre_env.sandbox.cli",

@@ -105,11 +105,6 @@ def test_dead_agent_sandbox_is_infra_error_retried_and_never_a_zero():
     assert summary["outcomes"] == {"infra_error": 1, "success": 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="scoring bug (reported): a killed evaluator container is blamed on the workspace "
-    "(workspace_error -> agent_error, score 0) because the gold control run then succeeds",
-)
 def test_evaluator_crash_is_retried_and_never_a_zero():
     """The evaluator's container is killed mid-grading: ``infra_error``, retried."""
     killer = Killer(evaluator())

@@ -152,8 +152,12 @@ class PersistentShell:
             raise SandboxError(f"sandbox shell did not start: {result.stderr.strip()[:500]}")
 
     def close(self) -> None:
+        """Stop the shell; a command running in another thread ends with SandboxClosedError."""
+        self._closed = True
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()  # unblocks a running command (its reader sees EOF) before the lock
         with self._lock:
-            self._closed = True
             self._stop_process()
 
     def _stop_process(self) -> None:
@@ -221,6 +225,8 @@ class PersistentShell:
             return result
 
     def _restart(self) -> None:
+        if self._closed:
+            raise SandboxClosedError("the sandbox was closed while a command ran")
         self._stop_process()
         self.restarts += 1
         self._start()
@@ -351,6 +357,8 @@ class PersistentShell:
 
     def _shell_died(self, start, out, err, timed_out=False) -> ExecResult:
         """The shell exited mid-command (the command killed it, or the sandbox died)."""
+        if self._closed:
+            raise SandboxClosedError("the sandbox was closed while a command ran")
         try:
             code = self._proc.wait(timeout=2) if self._proc else None
         except subprocess.TimeoutExpired:

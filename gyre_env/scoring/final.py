@@ -222,11 +222,14 @@ def _grade_once(task: Task, workspace: str | Path | None, config: GradingConfig)
     try:
         result = _run_in(sandbox, task, workspace, config)
     except (SandboxError, OSError, ValueError, KeyError) as e:
+        # A dead evaluator is outside the agent's reach (it runs unprivileged there and cannot
+        # kill the container): infra_error. A live one that failed is judged by a control run.
+        dead = isinstance(e, SandboxError) and not _alive(sandbox)
         result = GradingResult(
-            status="suspect",
+            status="infra_error" if dead else "suspect",
             score=0.0,
             declared=declared,
-            reason=f"the evaluator failed: {type(e).__name__}: {e}",
+            reason=f"the evaluator {'died' if dead else 'failed'}: {type(e).__name__}: {e}",
         )
     finally:
         sandbox.close()
