@@ -82,6 +82,7 @@ class ProxyCore:
         max_sessions: int = 4096,
         max_calls_per_session: int = 512,
         router_options: dict | None = None,
+        offload_chars: int = 65536,
     ):
         self.renderer = ChatRenderer(tokenizer)
         self.router = Router(engines, **(router_options or {}))
@@ -91,20 +92,32 @@ class ProxyCore:
         self.default_max_tokens = default_max_tokens
         self.max_new_tokens_cap = max_new_tokens_cap
         self.verify_render = verify_render
+        self.offload_chars = offload_chars
         self.metrics = ProxyMetrics()
 
     @property
     def context_length(self) -> int:
         return self.router.context_length
 
-    def prepare(self, req: ChatRequest, session_name: str, headers: dict[str, str]) -> Prepared:
-        """Decide branch and prompt ids; raise RequestError if the call cannot run."""
+    async def prepare(
+        self, req: ChatRequest, session_name: str, headers: dict[str, str]
+    ) -> Prepared:
+        """Decide branch and prompt ids; raise RequestError if the call cannot run.
+
+        Rendering and tokenizing more than ``offload_chars`` of text (a long first call)
+        runs in a worker thread, so other sessions' streams do not stall meanwhile."""
         created, t0 = time.time(), time.perf_counter()
         session = self.sessions.get(session_name)
         role = self.classifier(
             CallContext(session=session_name, messages=req.messages, headers=headers, api=req.api)
         )
-        plan = session.plan(self.renderer, req.messages, req.tools, role, verify=self.verify_render)
+        match = session.match(req.messages, req.tools, role)
+        if self.verify_render or match.render_chars > self.offload_chars:
+            plan = await asyncio.to_thread(
+                session.build, self.renderer, match, verify=self.verify_render
+            )
+        else:
+            plan = session.build(self.renderer, match)
         self.metrics.render_mismatches += int(plan.render_mismatch)
         limit = self.context_length
         room = limit - len(plan.prompt_ids)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -67,6 +68,8 @@ class ChatRenderer:
 
     def _encode_raw(self, text: str) -> list[int]:
         if self._backend is not None:
+            if len(text) > 8192:  # encode_batch releases the GIL: the event loop keeps running
+                return self._backend.encode_batch([text], add_special_tokens=False)[0].ids
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
@@ -204,6 +207,7 @@ class _PieceCache:
         self._encode_raw = encode_raw
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._chars = 0
+        self._lock = threading.Lock()  # prompts may be built in worker threads
         self.max_chars = max_chars
 
     @classmethod
@@ -230,15 +234,18 @@ class _PieceCache:
         for piece in self._split.split(text):
             if not piece:
                 continue
-            ids = cache.get(piece)
+            with self._lock:
+                ids = cache.get(piece)
+                if ids is not None:
+                    cache.move_to_end(piece)
             if ids is None:
                 ids = tuple(self._encode_raw(piece))
-                cache[piece] = ids
-                self._chars += len(piece)
-                while self._chars > self.max_chars and cache:
-                    self._chars -= len(cache.popitem(last=False)[0])
-            else:
-                cache.move_to_end(piece)
+                with self._lock:
+                    if piece not in cache:
+                        cache[piece] = ids
+                        self._chars += len(piece)
+                    while self._chars > self.max_chars and cache:
+                        self._chars -= len(cache.popitem(last=False)[0])
             out += ids
         return out
 

@@ -177,7 +177,9 @@ def create_app(config: ProxyConfig, core: ProxyCore | None, passthrough: Passthr
         try:
             session = _resolve_session(config, request.headers, request.path_params.get("session"))
             req = apis[api].parse_request(await read_json(request))
-            prep = core.prepare(req, session, {k.lower(): v for k, v in request.headers.items()})
+            prep = await core.prepare(
+                req, session, {k.lower(): v for k, v in request.headers.items()}
+            )
         except RequestError as err:
             return error(api, err)
         if req.stream:

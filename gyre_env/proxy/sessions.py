@@ -204,6 +204,39 @@ class PromptPlan:
     render_mismatch: bool = False
 
 
+@dataclass(kw_only=True)
+class Match:
+    """What :meth:`Session.match` found; :meth:`Session.build` turns it into a plan."""
+
+    messages: list[dict]
+    tools: list[dict] | None
+    role: BranchRole
+    keys: list[tuple]
+    blob: str
+    hashes: list[int]
+    node: Node | None = None
+    """The call this request extends (its reply is ``messages[i - 1]``)."""
+    i: int = 0
+    plan: PromptPlan | None = None
+    """Set when the request repeats an earlier prompt exactly."""
+
+    def common(self) -> dict:
+        return {
+            "role": self.role,
+            "prompt_hash": self.hashes[-1],
+            "keys": self.keys,
+            "tools": self.blob,
+        }
+
+    @property
+    def render_chars(self) -> int:
+        """Characters of message text that :meth:`Session.build` will render and tokenize."""
+        if self.plan is not None:
+            return 0
+        todo = self.messages if self.node is None else self.messages[self.i :]
+        return sum(len(msg.get("content") or "") for msg in todo)
+
+
 @dataclass
 class Session:
     """Calls of one episode. Planning and committing take the session's lock briefly."""
@@ -227,30 +260,34 @@ class Session:
         verify: bool = False,
     ) -> PromptPlan:
         """Choose the parent call and build the prompt ids (reusing the parent's ids)."""
+        return self.build(renderer, self.match(messages, tools, role), verify=verify)
+
+    def match(self, messages: list[dict], tools: list[dict] | None, role: BranchRole) -> Match:
+        """The cheap half of :meth:`plan`: find the call this request extends (or repeats)."""
         keys = [message_key(m) for m in messages]
         blob = tools_blob(tools)
         hashes = signature_chain(keys, blob)
-        common = {"role": role, "prompt_hash": hashes[-1], "keys": keys, "tools": blob}
+        m = Match(messages=messages, tools=tools, role=role, keys=keys, blob=blob, hashes=hashes)
         with self.lock:
-            same = next(
-                (
-                    n
-                    for n in reversed(self.by_prompt.get(hashes[-1], ()))
-                    if n.has_prompt(keys, blob)
-                ),
-                None,
-            )
-            if same is not None:  # the same prompt again (a retry, or several samples)
-                return PromptPlan(
-                    prompt_ids=same.full_ids()[: same.n_prompt],
-                    parent=same.parent,
-                    prefix_len=same.prefix_len,
-                    branch=self._new_branch(),
-                    new_branch=True,
-                    **common,
-                )
-            node, i = self._find_parent(messages, keys, blob, hashes)
-            ids = node.full_ids() if node is not None else None
+            for node in reversed(self.by_prompt.get(hashes[-1], ())):
+                if node.has_prompt(keys, blob):  # the same prompt again (a retry, more samples)
+                    m.plan = PromptPlan(
+                        prompt_ids=node.full_ids()[: node.n_prompt],
+                        parent=node.parent,
+                        prefix_len=node.prefix_len,
+                        branch=self._new_branch(),
+                        new_branch=True,
+                        **m.common(),
+                    )
+                    return m
+            m.node, m.i = self._find_parent(messages, keys, blob, hashes)
+        return m
+
+    def build(self, renderer: ChatRenderer, m: Match, *, verify: bool = False) -> PromptPlan:
+        """The rendering half of :meth:`plan` (thread-safe: may run off the event loop)."""
+        if m.plan is not None:
+            return m.plan
+        node, i, messages, tools = m.node, m.i, m.messages, m.tools
         if node is None:
             prompt_ids = renderer.encode(renderer.render(messages, tools))
             with self.lock:
@@ -261,7 +298,7 @@ class Session:
                 prefix_len=0,
                 branch=branch,
                 new_branch=True,
-                **common,
+                **m.common(),
             )
         head = _leading_system(messages[: i - 1])
         delta = renderer.render_delta(head, messages[i - 1], messages[i:], tools)
@@ -271,13 +308,14 @@ class Session:
             mismatch = exact != delta
             delta = exact if exact is not None else delta
         suffix = renderer.encode(node.closing + delta)
+        ids = node.full_ids()  # a new list: it becomes the prompt
+        prefix_len = len(ids)
+        ids += suffix
         with self.lock:
-            if role == node.role and not node.claimed:
+            if m.role == node.role and not node.claimed:
                 node.claimed, branch, new_branch = True, node.branch, False
             else:
                 branch, new_branch = self._new_branch(), True
-        prefix_len = len(ids)
-        ids += suffix  # full_ids() built a new list: it becomes the prompt
         return PromptPlan(
             prompt_ids=ids,
             parent=node,
@@ -285,7 +323,7 @@ class Session:
             branch=branch,
             new_branch=new_branch,
             render_mismatch=mismatch,
-            **common,
+            **m.common(),
         )
 
     def _find_parent(

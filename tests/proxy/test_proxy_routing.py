@@ -153,3 +153,19 @@ def test_only_replica_dying_is_a_clear_503(start_proxy, enc):
         recs[0].extra["retries"][0]["replica"] == "scripted"
         and recs[0].output_ids == recs[2].output_ids[:1]
     )
+
+
+def test_long_first_call_does_not_stall_other_sessions(start_proxy, enc):
+    """Tokenizing a ~200k-character first prompt runs off the event loop."""
+    proxy = start_proxy([ScriptedEngine([enc("ok<|im_end|>")])], verify_render=False)
+    long = {"model": "m", "messages": [{"role": "user", "content": "many words here. " * 12000}]}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(_post, proxy.openai_base_url("long"), long)
+        while proxy.core.sessions._sessions.get("long") is None:
+            time.sleep(0.005)
+        t0 = time.monotonic()
+        quick = _post(proxy.openai_base_url("short"))
+        quick_s = time.monotonic() - t0
+        assert quick.status_code == 200 and not slow.done(), "the short call finished first"
+        assert slow.result().status_code == 200
+    assert quick_s < 0.5
