@@ -154,7 +154,11 @@ class Router:
             trace.queue_s += time.monotonic() - t0
             self._affinity[session] = replica.name
             trace.replicas.append(replica.name)
-            remaining = replace(params, max_new_tokens=params.max_new_tokens - len(produced))
+            remaining = (
+                replace(params, max_new_tokens=params.max_new_tokens - len(produced))
+                if produced
+                else params
+            )
             replica.inflight += 1
             started = time.monotonic()
             try:
