@@ -140,7 +140,6 @@ class TokenTree:
         """(session, call_index) -> node where that call's context ends."""
         self.parent_mismatches = 0
         """Calls whose ``parent`` claim did not match their prompt (they still branch correctly)."""
-        self._seqs: dict[tuple[str, int], np.ndarray] = {}
 
     # ---- building -------------------------------------------------------------------
     def add_episode(self, info: EpisodeInfo) -> None:
@@ -161,7 +160,6 @@ class TokenTree:
             segments.append(_Segment(output, True, lp, int(record.weight_version)))
         end = self._insert(segments, record)
         self.call_end[(record.session, record.call_index)] = end
-        self._seqs[(record.session, record.call_index)] = np.concatenate([prompt, output])
         reward = self.episodes[record.session].step_rewards.get(record.call_index)
         if reward is not None:
             self.nodes[end].rewards[record.session] = float(reward)
@@ -170,7 +168,8 @@ class TokenTree:
     def _check_parent(self, record: CallRecord, prompt: np.ndarray) -> None:
         if record.parent is None:
             return
-        prev = self._seqs.get((record.session, record.parent))
+        end = self.call_end.get((record.session, record.parent))
+        prev = self.path_tokens(end) if end is not None else None
         if prev is None or len(prev) > len(prompt) or not np.array_equal(prompt[: len(prev)], prev):
             self.parent_mismatches += 1
 
