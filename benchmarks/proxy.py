@@ -2,10 +2,12 @@
 
     python benchmarks/proxy.py [--duration 5] [--contexts 1000 32000 128000] [--no-engine]
 
-Both servers run in their own processes on the same uvicorn settings. The proxy serves an
+Each server runs in its own process on the same uvicorn settings. The proxy serves an
 engine that answers instantly (``ScriptedEngine``, a fixed 10-token reply) and writes
-records to a JSONL sink; the bare endpoint parses the request JSON (as any server must)
-and returns a fixed chat completion (or the same four SSE events when streaming). The load
+records to a JSONL sink. Two baselines return a fixed chat completion (or the same SSE
+events when streaming): ``bare``, a lean Starlette-style route that parses the body with
+orjson and sends fixed bytes (the strict baseline), and ``fastapi``, the idiomatic FastAPI
+route (``body: dict`` in, a dict out) that the issue's ~1,500 req/s figure describes. The load
 generator is ``wrk`` (apt-get install wrk) with a Lua script giving every request its own
 session path and its own user text, so each proxy call is a session's first call: it
 renders its prompt and tokenizes the new user turn (the repeated system turn comes from
@@ -63,6 +65,68 @@ def serve_proxy(port: int, records: str) -> None:
     ).serve()
 
 
+def serve_fastapi(port: int) -> None:
+    """The same fixed answer from an idiomatic FastAPI route (``body: dict`` in, dict out)."""
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    app = FastAPI()
+    completion = json.loads(_fixed_completion())
+    chunks = _fixed_chunks()
+
+    async def events():
+        for c in chunks:
+            yield c
+
+    @app.post("/v1/chat/completions")
+    @app.post("/s/{session}/v1/chat/completions")
+    async def chat(body: dict):
+        if body.get("stream"):
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return completion
+
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=30,
+    )
+
+
+def _fixed_completion() -> str:
+    message = {"role": "assistant", "content": REPLY}
+    return json.dumps(
+        {
+            "id": "chatcmpl-bare",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
+            ],
+            "usage": {"prompt_tokens": 30, "completion_tokens": 10, "total_tokens": 40},
+        }
+    )
+
+
+def _fixed_chunks() -> list[bytes]:
+    head = {"id": "chatcmpl-bare", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+
+    def chunk(delta, finish=None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return b"data: " + json.dumps({**head, "choices": [choice]}).encode() + b"\n\n"
+
+    return [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"content": REPLY}),
+        chunk({}, "stop") + b"data: [DONE]\n\n",
+    ]
+
+
 def serve_bare(port: int) -> None:
     import uvicorn
     from fastapi import FastAPI, Request
@@ -71,40 +135,23 @@ def serve_bare(port: int) -> None:
     try:
         import orjson
 
-        loads, dumps = orjson.loads, orjson.dumps
+        loads = orjson.loads
     except ImportError:  # pragma: no cover
-        loads, dumps = json.loads, lambda o: json.dumps(o).encode()
+        loads = json.loads
 
     app = FastAPI()
-    usage = {"prompt_tokens": 30, "completion_tokens": 10, "total_tokens": 40}
-    message = {"role": "assistant", "content": REPLY}
-    completion = {
-        "id": "chatcmpl-bare",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "m",
-        "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
-        "usage": usage,
-    }
-    head = {"id": "chatcmpl-bare", "object": "chat.completion.chunk", "created": 0, "model": "m"}
-
-    def chunk(delta, finish=None) -> bytes:
-        data = {
-            **head,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
-        }
-        return b"data: " + dumps(data) + b"\n\n"
+    completion = _fixed_completion().encode()
+    chunks = _fixed_chunks()
 
     async def events():
-        yield chunk({"role": "assistant", "content": ""})
-        yield chunk({"content": REPLY})
-        yield chunk({}, "stop") + b"data: [DONE]\n\n"
+        for c in chunks:
+            yield c
 
     async def chat(request: Request):
         body = loads(await request.body())
         if body.get("stream"):
             return StreamingResponse(events(), media_type="text/event-stream")
-        return Response(dumps(completion), media_type="application/json")
+        return Response(completion, media_type="application/json")
 
     app.add_route("/v1/chat/completions", chat, methods=["POST"])
     app.add_route("/s/{session}/v1/chat/completions", chat, methods=["POST"])
@@ -309,34 +356,39 @@ def run(args: argparse.Namespace) -> None:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install wrk")
     tmp = Path(tempfile.mkdtemp(prefix="gyre-proxy-bench-"))
-    proxy_port, bare_port = _free_port(), _free_port()
-    procs = [_start("proxy", proxy_port, tmp), _start("bare", bare_port, tmp)]
+    ports = {name: _free_port() for name in ("proxy", "bare", "fastapi")}
+    procs = [_start(name, port, tmp) for name, port in ports.items()]
+    proxy_port, bare_port = ports["proxy"], ports["bare"]
     try:
         print(f"load average before: {os.getloadavg()[0]:.2f} (2-core machines: expect noise)")
-        for port in (proxy_port, bare_port):  # warm-up
-            wrk(port, 4, 1, False, tmp)
-        lat = {
-            name: wrk(port, 1, args.duration, False, tmp)
-            for name, port in (("proxy", proxy_port), ("bare", bare_port))
-        }
-        print("\n== one connection, non-streaming (wrk) ==")
-        for name in ("proxy", "bare"):
-            r = lat[name]
-            print(
-                f"{name:6s} p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms  {r['rps']:,.0f} req/s"
-            )
         print(
-            f"added  p50 {lat['proxy']['p50_ms'] - lat['bare']['p50_ms']:+.3f} ms  "
-            f"p99 {lat['proxy']['p99_ms'] - lat['bare']['p99_ms']:+.3f} ms  (target p50 <= 1 ms)"
+            "bare = lean Starlette route (orjson, fixed bytes); fastapi = idiomatic FastAPI route"
         )
-        print("\n== throughput (wrk, req/s) ==")
+        for port in ports.values():  # warm-up
+            wrk(port, 4, 1, False, tmp)
+        lat = {name: wrk(port, 1, args.duration, False, tmp) for name, port in ports.items()}
+        print("\n== one connection, non-streaming (wrk) ==")
+        for name, r in lat.items():
+            print(
+                f"{name:8s} p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms  {r['rps']:,.0f} req/s"
+            )
+        for base in ("bare", "fastapi"):
+            print(
+                f"added vs {base:8s} p50 {lat['proxy']['p50_ms'] - lat[base]['p50_ms']:+.3f} ms  "
+                f"p99 {lat['proxy']['p99_ms'] - lat[base]['p99_ms']:+.3f} ms  (target p50 <= 1 ms)"
+            )
+        print("\n== throughput (wrk, req/s; ratio = proxy / baseline, target >= 0.60) ==")
         for conns in (16, 128):
             for stream in (False, True):
-                p = wrk(proxy_port, conns, args.duration, stream, tmp)["rps"]
-                b = wrk(bare_port, conns, args.duration, stream, tmp)["rps"]
+                r = {
+                    name: wrk(port, conns, args.duration, stream, tmp)["rps"]
+                    for name, port in ports.items()
+                }
                 kind = "stream" if stream else "plain"
                 print(
-                    f"{conns:4d} conns {kind:6s}  proxy {p:8,.0f}  bare {b:8,.0f}  ratio {p / b:.2f}  (target >= 0.60)"
+                    f"{conns:4d} conns {kind:6s}  proxy {r['proxy']:7,.0f}  bare {r['bare']:7,.0f} "
+                    f"(ratio {r['proxy'] / r['bare']:.2f})  fastapi {r['fastapi']:7,.0f} "
+                    f"(ratio {r['proxy'] / r['fastapi']:.2f})"
                 )
         print("\n== one more turn at context N (median of sequential calls) ==")
         turns = per_turn(proxy_port, bare_port, args.contexts, args.sessions, args.turns)
@@ -373,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sessions", type=int, default=4, help="sessions per context size")
     parser.add_argument("--turns", type=int, default=10, help="timed turns per session")
     parser.add_argument("--no-engine", action="store_true", help="skip the embedded engine figures")
-    parser.add_argument("--serve", choices=["proxy", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=["proxy", "bare", "fastapi"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--records", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -381,6 +433,8 @@ def main(argv: list[str] | None = None) -> None:
         serve_proxy(args.port, args.records)
     elif args.serve == "bare":
         serve_bare(args.port)
+    elif args.serve == "fastapi":
+        serve_fastapi(args.port)
     else:
         run(args)
 
