@@ -219,6 +219,7 @@ class ProxyCore:
         stop_seq: str | None,
         error: str | None,
     ) -> None:
+        """Remember the call in its session (if it completed), count it, record it."""
         text, calls = split_output(pieces)
         ok = finish in ("stop", "length")
         if ok:
@@ -230,7 +231,6 @@ class ProxyCore:
         else:
             prep.session.abandon(prep.plan)
         total = time.perf_counter() - prep.t0
-        record_finish = "tool_calls" if (finish == "stop" and calls) else finish
         self.metrics.observe(
             session=prep.session.name,
             replica=",".join(trace.replicas),
@@ -243,24 +243,41 @@ class ProxyCore:
         )
         if self.sink is None:
             return
-        versions = sorted(set(trace.weight_versions))
         extra: dict = {"model": prep.req.model}
         if stop_seq is not None:
             extra["stop_sequence"] = stop_seq
         if trace.retries:
             extra["retries"] = trace.retries
-        if len(versions) > 1:
-            extra["weight_versions"] = versions
         if error:
             extra["error"] = error
-        p = prep.params
-        record = CallRecord(
+        record_finish = "tool_calls" if (finish == "stop" and calls) else finish
+        record = self._record(prep, trace, out_ids, logprobs, record_finish, total, extra)
+        try:
+            self.sink.write(record)
+        except Exception:  # a failing sink must not take calls down with it
+            log.exception("record sink failed for %s/%d", prep.session.name, prep.call_index)
+
+    def _record(
+        self,
+        prep: Prepared,
+        trace: RouteTrace,
+        out_ids: list[int],
+        logprobs: list[float],
+        finish: str,
+        total: float,
+        extra: dict,
+    ) -> CallRecord:
+        versions = sorted(set(trace.weight_versions))
+        if len(versions) > 1:  # a continuation on another replica with other weights
+            extra["weight_versions"] = versions
+        p, plan = prep.params, prep.plan
+        return CallRecord(
             session=prep.session.name,
             call_index=prep.call_index,
-            branch=prep.plan.branch,
-            parent=prep.plan.parent.call_index if prep.plan.parent is not None else None,
-            role=prep.plan.role,
-            prompt_ids=prep.plan.prompt_ids,
+            branch=plan.branch,
+            parent=plan.parent.call_index if plan.parent is not None else None,
+            role=plan.role,
+            prompt_ids=plan.prompt_ids,
             output_ids=out_ids,
             output_logprobs=logprobs,
             weight_version=versions[-1]
@@ -275,7 +292,7 @@ class ProxyCore:
                 "stop_token_ids": p.stop_token_ids,
                 "seed": p.seed,
             },
-            finish_reason=record_finish,
+            finish_reason=finish,
             timings={
                 "queue": trace.queue_s,
                 "prefill": trace.first_token_s,
@@ -287,9 +304,5 @@ class ProxyCore:
             api=prep.req.api,
             created=prep.created,
             extra=extra,
-            prefix_len=prep.plan.prefix_len,
+            prefix_len=plan.prefix_len,
         )
-        try:
-            self.sink.write(record)
-        except Exception:  # a failing sink must not take calls down with it
-            log.exception("record sink failed for %s/%d", prep.session.name, prep.call_index)

@@ -12,6 +12,7 @@ the client sees one uninterrupted answer and the record lists both replicas.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -127,26 +128,11 @@ class Router:
         """Yield ``PING`` while waiting and ``TokenChunk`` s of one generation."""
         produced: list[int] = []
         exclude: set[str] = set()
-        t0 = time.monotonic()
+        t0 = last_ping = time.monotonic()
         deadline = t0 + self.wait_timeout_s
-        last_ping = t0
         while True:
-            replica = self._pick(session, exclude)
-            if replica is None:
-                now = time.monotonic()
-                if all(r.name in exclude or r.down_until > now for r in self.replicas):
-                    raise NoReplicaError(_no_replica_message(trace, "every replica failed"))
-                self.waiting += 1
-                try:
-                    alive = await self._wait(deadline)
-                finally:
-                    self.waiting -= 1
-                if not alive:
-                    raise NoReplicaError(
-                        _no_replica_message(
-                            trace, f"no replica accepted within {self.wait_timeout_s:g}s"
-                        )
-                    )
+            replica = await self._next_replica(session, exclude, deadline, trace)
+            if replica is None:  # waited one interval
                 if time.monotonic() - last_ping >= self.ping_interval_s:
                     last_ping = time.monotonic()
                     yield PING
@@ -154,29 +140,15 @@ class Router:
             trace.queue_s += time.monotonic() - t0
             self._affinity[session] = replica.name
             trace.replicas.append(replica.name)
-            remaining = (
-                replace(params, max_new_tokens=params.max_new_tokens - len(produced))
-                if produced
-                else params
-            )
             replica.inflight += 1
-            started = time.monotonic()
             try:
-                ids = prompt_ids + produced if produced else prompt_ids
-                async for chunk in replica.engine.stream(ids, remaining):
-                    if not trace.first_token_s:
-                        trace.first_token_s = time.monotonic() - started
-                    produced.extend(chunk.ids)
-                    trace.engine_s = time.monotonic() - started
-                    if chunk.finish_reason == "abort":  # paused mid-request: continue later
-                        if chunk.ids:
-                            yield replace(chunk, finish_reason=None)
-                        raise EnginePausedError(f"{replica.name} aborted the request")
-                    trace.weight_versions.append(chunk.weight_version)
-                    yield chunk
-                    if chunk.finish_reason:
-                        replica.served += 1
-                        return
+                attempt = self._generate(replica, prompt_ids, produced, params, trace)
+                async with contextlib.aclosing(attempt):
+                    async for chunk in attempt:
+                        yield chunk
+                        if chunk.finish_reason:
+                            replica.served += 1
+                            return
                 raise EngineError(f"{replica.name} ended the stream without a finish reason")
             except ContextLengthError:
                 raise  # the request's fault, not the replica's
@@ -193,6 +165,53 @@ class Router:
             finally:
                 replica.inflight -= 1
             t0 = time.monotonic()
+
+    async def _next_replica(
+        self, session: str, exclude: set[str], deadline: float, trace: RouteTrace
+    ) -> Replica | None:
+        """A replica to try now, or None after waiting one interval for one."""
+        replica = self._pick(session, exclude)
+        if replica is not None:
+            return replica
+        now = time.monotonic()
+        if all(r.name in exclude or r.down_until > now for r in self.replicas):
+            raise NoReplicaError(_no_replica_message(trace, "every replica failed"))
+        self.waiting += 1
+        try:
+            alive = await self._wait(deadline)
+        finally:
+            self.waiting -= 1
+        if not alive:
+            why = f"no replica accepted within {self.wait_timeout_s:g}s"
+            raise NoReplicaError(_no_replica_message(trace, why))
+        return None
+
+    async def _generate(
+        self,
+        replica: Replica,
+        prompt_ids: list[int],
+        produced: list[int],
+        params: SamplingParams,
+        trace: RouteTrace,
+    ) -> AsyncIterator[TokenChunk]:
+        """One attempt on one replica, continuing after the ids already ``produced``."""
+        if produced:
+            prompt_ids = prompt_ids + produced
+            params = replace(params, max_new_tokens=params.max_new_tokens - len(produced))
+        started = time.monotonic()
+        stream = replica.engine.stream(prompt_ids, params)
+        async with contextlib.aclosing(stream):  # closing it aborts the engine's generation
+            async for chunk in stream:
+                if not trace.first_token_s:
+                    trace.first_token_s = time.monotonic() - started
+                produced.extend(chunk.ids)
+                trace.engine_s = time.monotonic() - started
+                if chunk.finish_reason == "abort":  # paused mid-request: continue later
+                    if chunk.ids:
+                        yield replace(chunk, finish_reason=None)
+                    raise EnginePausedError(f"{replica.name} aborted the request")
+                trace.weight_versions.append(chunk.weight_version)
+                yield chunk
 
     async def pause(self, name: str | None = None) -> None:
         """Pause one replica (or all): it takes no new calls until :meth:`resume`."""

@@ -21,39 +21,21 @@ Start one in-process::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
-import json
 import logging
-import re
 import socket
 import threading
 from dataclasses import dataclass
 
 from gyre_env._optional import require
 from gyre_env.engines.base import Engine
-from gyre_env.proxy import anthropic_api, openai_api
-from gyre_env.proxy.chat import ChatRequest, RequestError
-from gyre_env.proxy.core import Finished, ProxyCore
+from gyre_env.proxy.core import ProxyCore
 from gyre_env.proxy.passthrough import Passthrough, UpstreamConfig
 from gyre_env.proxy.records import RecordSink
-from gyre_env.proxy.render import ToolCall
-from gyre_env.proxy.router import PING
+from gyre_env.proxy.routes import Routes
 from gyre_env.proxy.sessions import BranchClassifier, default_classifier
 
 log = logging.getLogger(__name__)
-_SESSION_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
-
-try:  # orjson parses large bodies several times faster; the stdlib is the fallback
-    import orjson
-
-    _loads = orjson.loads
-    _dumps = orjson.dumps
-except ImportError:  # pragma: no cover - depends on the environment
-    _loads = json.loads
-
-    def _dumps(obj) -> bytes:
-        return json.dumps(obj, ensure_ascii=False).encode()
 
 
 @dataclass(kw_only=True)
@@ -96,221 +78,12 @@ class ProxyConfig:
     """Model id listed by ``GET /v1/models`` (requests may name any model)."""
 
 
-def _resolve_session(config: ProxyConfig, headers, path_session: str | None) -> str:
-    key = headers.get("x-api-key") or ""
-    auth = headers.get("authorization") or ""
-    if not key and auth.lower().startswith("bearer "):
-        key = auth[7:].strip()
-    session = path_session
-    if config.auth_token:
-        token = config.auth_token
-        if key == token:
-            pass
-        elif key.startswith(token + ":") and len(key) > len(token) + 1:
-            session = session or key[len(token) + 1 :]
-        else:
-            raise RequestError("invalid or missing API key", status=401)
-    elif session is None and config.sessions_by_api_key and key:
-        session = key
-    session = session or "default"
-    if not _SESSION_RE.match(session):
-        raise RequestError(
-            f"bad session name {session[:40]!r}: use letters, digits and ._:-", status=400
-        )
-    return session
-
-
 def create_app(config: ProxyConfig, core: ProxyCore | None, passthrough: Passthrough | None = None):
     """The FastAPI application serving ``core`` (token-level engines) or ``passthrough``."""
     fastapi = require("fastapi", "the proxy server")
-    responses = require("fastapi.responses", "the proxy server")
-    Response, StreamingResponse = responses.Response, responses.StreamingResponse
     app = fastapi.FastAPI(title="gyre proxy", docs_url=None, redoc_url=None, openapi_url=None)
-    apis = {"openai": openai_api, "anthropic": anthropic_api}
-
-    def error(api: str, err: RequestError):
-        return Response(
-            _dumps(apis[api].error_body(err)), status_code=err.status, media_type="application/json"
-        )
-
-    async def read_json(request) -> dict:
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > config.max_request_bytes:
-            raise RequestError(
-                f"request body is {length} bytes; the limit is {config.max_request_bytes}",
-                status=413,
-            )
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > config.max_request_bytes:
-                raise RequestError(
-                    f"request body exceeds {config.max_request_bytes} bytes", status=413
-                )
-            chunks.append(chunk)
-        try:
-            body = _loads(b"".join(chunks))
-        except ValueError as e:
-            raise RequestError(f"request body is not valid JSON: {e}") from e
-        if not isinstance(body, dict):
-            raise RequestError("request body must be a JSON object")
-        return body
-
-    def json_response(data: dict, status: int = 200):
-        return Response(_dumps(data), status_code=status, media_type="application/json")
-
-    async def forward(request, api: str):
-        try:
-            session = _resolve_session(config, request.headers, request.path_params.get("session"))
-            body = await read_json(request)
-            req = apis[api].parse_request(body)
-            headers = {k.lower(): v for k, v in request.headers.items()}
-            status, result = await passthrough.forward(api, session, body, req, headers)
-        except RequestError as err:
-            return error(api, err)
-        if isinstance(result, dict):
-            return json_response(result, status)
-        return StreamingResponse(result, status_code=status, media_type="text/event-stream")
-
-    async def chat(request, api: str):
-        if passthrough is not None:
-            return await forward(request, api)
-        try:
-            session = _resolve_session(config, request.headers, request.path_params.get("session"))
-            req = apis[api].parse_request(await read_json(request))
-            prep = await core.prepare(
-                req, session, {k.lower(): v for k, v in request.headers.items()}
-            )
-        except RequestError as err:
-            return error(api, err)
-        if req.stream:
-            return StreamingResponse(
-                _sse(core, prep, api),
-                media_type="text/event-stream",
-                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
-            )
-        try:
-            return json_response(await _complete(core, prep, api))
-        except RequestError as err:
-            return error(api, err)
-
-    async def openai_chat(request):
-        return await chat(request, "openai")
-
-    async def anthropic_chat(request):
-        return await chat(request, "anthropic")
-
-    async def count_tokens(request):
-        try:
-            _resolve_session(config, request.headers, request.path_params.get("session"))
-            body = await read_json(request)
-            body.setdefault("max_tokens", 1)
-            req = anthropic_api.parse_request(body)
-            if core is None:
-                raise RequestError(
-                    "count_tokens needs a local tokenizer; this proxy forwards upstream"
-                )
-            text = core.renderer.render(req.messages, req.tools)
-            return json_response({"input_tokens": len(core.renderer.encode(text))})
-        except RequestError as err:
-            return error("anthropic", err)
-
-    async def models(request):
-        card = {
-            "id": config.model_name,
-            "object": "model",
-            "owned_by": "gyre",
-            "type": "model",
-            "display_name": config.model_name,
-            "created": 0,
-        }
-        return json_response({"object": "list", "data": [card]})
-
-    replicas = core.router.replicas if core is not None else []
-
-    async def health(request):
-        reports = {}
-        if passthrough is not None:
-            reports["upstream"] = {
-                "base_url": passthrough.upstream.base_url,
-                "api": passthrough.upstream.api,
-            }
-        for r in replicas:
-            try:
-                reports[r.name] = await asyncio.wait_for(r.engine.health(), 5)
-            except Exception as e:
-                reports[r.name] = {"error": f"{type(e).__name__}: {e}"}
-        sessions = len(core.sessions) if core is not None else 0
-        return json_response({"status": "ok", "replicas": reports, "sessions": sessions})
-
-    async def metrics(request):
-        if core is None:
-            return Response("", media_type="text/plain; version=0.0.4")
-        inflight = {r.name: r.inflight for r in replicas}
-        text = core.metrics.render(inflight, waiting=core.router.waiting)
-        return Response(text, media_type="text/plain; version=0.0.4")
-
-    async def drop_session(request):
-        session = request.path_params["session"]
-        dropped = core.sessions.drop(session) if core is not None else False
-        return json_response({"session": session, "dropped": dropped})
-
-    for prefix in ("", "/s/{session}"):
-        app.add_route(prefix + "/v1/chat/completions", openai_chat, methods=["POST"])
-        app.add_route(prefix + "/v1/messages", anthropic_chat, methods=["POST"])
-        app.add_route(prefix + "/v1/messages/count_tokens", count_tokens, methods=["POST"])
-        app.add_route(prefix + "/v1/models", models, methods=["GET"])
-    app.add_route("/health", health, methods=["GET"])
-    app.add_route("/metrics", metrics, methods=["GET"])
-    app.add_route("/s/{session}", drop_session, methods=["DELETE"])
-
-    @app.exception_handler(Exception)
-    async def crash(request, exc: Exception):  # the last resort: answer, never die
-        log.exception("unhandled error on %s", request.url.path)
-        api = "anthropic" if "/messages" in request.url.path else "openai"
-        return error(api, RequestError(f"internal error: {type(exc).__name__}: {exc}", status=500))
-
+    Routes(config, core, passthrough).install(app)
     return app
-
-
-async def _complete(core: ProxyCore, prep, api: str) -> dict:
-    pieces: list[str | ToolCall] = []
-    async with contextlib.aclosing(core.events(prep)) as events:
-        async for ev in events:
-            if isinstance(ev, Finished):
-                usage = (ev.prompt_tokens, ev.output_tokens)
-                if api == "openai":
-                    reason = openai_api.finish_reason(ev.finish, ev.tool_calls)
-                    return openai_api.completion(prep.req, ev.text, ev.tool_calls, reason, usage)
-                return anthropic_api.message(prep.req, pieces, ev.finish, ev.stop_sequence, usage)
-            if ev is not PING:
-                pieces.append(ev)
-    raise RequestError("generation ended without a result", status=500)
-
-
-async def _sse(core: ProxyCore, prep, api: str):
-    req: ChatRequest = prep.req
-    writer = openai_api.ChunkWriter(req) if api == "openai" else anthropic_api.EventWriter(req)
-    yield writer.start() if api == "openai" else writer.start(len(prep.plan.prompt_ids))
-    try:
-        async with contextlib.aclosing(core.events(prep)) as events:
-            async for ev in events:
-                yield _sse_event(writer, api, ev)
-    except RequestError as err:  # headers are sent: the error travels as an event
-        yield writer.error(err)
-
-
-def _sse_event(writer, api: str, ev) -> bytes:
-    if ev is PING:
-        return writer.ping()
-    if isinstance(ev, str):
-        return writer.text(ev) if ev else b""
-    if isinstance(ev, ToolCall):
-        return writer.tool_call(ev)
-    usage = (ev.prompt_tokens, ev.output_tokens)
-    if api == "openai":
-        return writer.finish(openai_api.finish_reason(ev.finish, ev.tool_calls), usage)
-    return writer.finish(ev.finish, ev.stop_sequence, usage)
 
 
 class ProxyServer:

@@ -7,6 +7,8 @@ tokens in a way the tokenizer would never produce) for exactness; the embedded e
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -133,3 +135,18 @@ def test_real_model_records_chain_exactly(start_proxy, embedded, bash_tool):
     assert all(r.weight_version == embedded.weight_version for r in recs)
     assert all(len(r.output_logprobs) == len(r.output_ids) > 0 for r in recs)
     assert all(lp <= 0.0 for r in recs for lp in r.output_logprobs)
+
+
+def test_stop_string_aborts_the_engine_generation(start_proxy, enc):
+    """The engine's stream is closed at the stop string, not drained to the end."""
+    reply = enc("alpha STOP " + "word " * 60 + "<|im_end|>")
+    engine = ScriptedEngine([reply], chunk_size=1, delay_s=0.02)
+    proxy = start_proxy([engine])
+    t0 = time.monotonic()
+    r = _post(
+        proxy.openai_base_url("stop"),
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": ["STOP"]},
+    )
+    assert r["choices"][0]["message"]["content"] == "alpha "
+    assert time.monotonic() - t0 < 0.02 * len(reply) / 2 and engine.inflight == 0
+    assert len(proxy.records()[0].output_ids) < 12 < len(reply)

@@ -1,0 +1,251 @@
+"""HTTP endpoints of the proxy (Starlette-style: request in, response out).
+
+One :class:`Routes` object serves either token-level engines (``core``) or an upstream
+(``passthrough``). Requests are read and checked here; every failure becomes an error in
+the API's own shape, never an unhandled exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+
+from gyre_env._optional import require
+from gyre_env.proxy import anthropic_api, openai_api
+from gyre_env.proxy.chat import RequestError
+from gyre_env.proxy.core import Finished, ProxyCore
+from gyre_env.proxy.passthrough import Passthrough
+from gyre_env.proxy.render import ToolCall
+from gyre_env.proxy.router import PING
+
+log = logging.getLogger(__name__)
+_SESSION_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+_APIS = {"openai": openai_api, "anthropic": anthropic_api}
+_PROMETHEUS = "text/plain; version=0.0.4"
+
+try:  # orjson parses large bodies several times faster; the stdlib is the fallback
+    import orjson
+
+    _loads = orjson.loads
+    _dumps = orjson.dumps
+except ImportError:  # pragma: no cover - depends on the environment
+    _loads = json.loads
+
+    def _dumps(obj) -> bytes:
+        return json.dumps(obj, ensure_ascii=False).encode()
+
+
+def resolve_session(config, headers, path_session: str | None) -> str:
+    """The session of a request: its ``/s/<session>`` path, else its API key (see
+    :class:`~gyre_env.proxy.server.ProxyConfig`), else ``default``."""
+    key = headers.get("x-api-key") or ""
+    auth = headers.get("authorization") or ""
+    if not key and auth.lower().startswith("bearer "):
+        key = auth[7:].strip()
+    session = path_session
+    if config.auth_token:
+        token = config.auth_token
+        if key.startswith(token + ":") and len(key) > len(token) + 1:
+            session = session or key[len(token) + 1 :]
+        elif key != token:
+            raise RequestError("invalid or missing API key", status=401)
+    elif session is None and config.sessions_by_api_key and key:
+        session = key
+    session = session or "default"
+    if not _SESSION_RE.match(session):
+        raise RequestError(f"bad session name {session[:40]!r}: use letters, digits and ._:-")
+    return session
+
+
+class Routes:
+    """The endpoints; :meth:`install` adds them to a FastAPI/Starlette app."""
+
+    def __init__(self, config, core: ProxyCore | None, passthrough: Passthrough | None):
+        responses = require("fastapi.responses", "the proxy server")
+        self._Response, self._Streaming = responses.Response, responses.StreamingResponse
+        self.config, self.core, self.passthrough = config, core, passthrough
+        self.replicas = core.router.replicas if core is not None else []
+
+    def install(self, app) -> None:
+        for prefix in ("", "/s/{session}"):
+            app.add_route(prefix + "/v1/chat/completions", self.openai_chat, methods=["POST"])
+            app.add_route(prefix + "/v1/messages", self.anthropic_chat, methods=["POST"])
+            app.add_route(prefix + "/v1/messages/count_tokens", self.count_tokens, methods=["POST"])
+            app.add_route(prefix + "/v1/models", self.models, methods=["GET"])
+        app.add_route("/health", self.health, methods=["GET"])
+        app.add_route("/metrics", self.metrics, methods=["GET"])
+        app.add_route("/s/{session}", self.drop_session, methods=["DELETE"])
+        app.add_exception_handler(Exception, self.crash)
+
+    # -- helpers --------------------------------------------------------------------------------
+    def json(self, data: dict, status: int = 200):
+        return self._Response(_dumps(data), status_code=status, media_type="application/json")
+
+    def error(self, api: str, err: RequestError):
+        return self.json(_APIS[api].error_body(err), err.status)
+
+    async def read_json(self, request) -> dict:
+        limit = self.config.max_request_bytes
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > limit:
+            raise RequestError(f"request body is {length} bytes; the limit is {limit}", status=413)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(f"request body exceeds {limit} bytes", status=413)
+            chunks.append(chunk)
+        try:
+            body = _loads(b"".join(chunks))
+        except ValueError as e:
+            raise RequestError(f"request body is not valid JSON: {e}") from e
+        if not isinstance(body, dict):
+            raise RequestError("request body must be a JSON object")
+        return body
+
+    # -- chat -----------------------------------------------------------------------------------
+    async def openai_chat(self, request):
+        return await self.chat(request, "openai")
+
+    async def anthropic_chat(self, request):
+        return await self.chat(request, "anthropic")
+
+    async def chat(self, request, api: str):
+        if self.passthrough is not None:
+            return await self.forward(request, api)
+        try:
+            session = resolve_session(
+                self.config, request.headers, request.path_params.get("session")
+            )
+            req = _APIS[api].parse_request(await self.read_json(request))
+            prep = await self.core.prepare(req, session, dict(request.headers))
+        except RequestError as err:
+            return self.error(api, err)
+        if req.stream:
+            headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+            return self._Streaming(
+                _sse(self.core, prep, api), media_type="text/event-stream", headers=headers
+            )
+        try:
+            return self.json(await _complete(self.core, prep, api))
+        except RequestError as err:
+            return self.error(api, err)
+
+    async def forward(self, request, api: str):
+        try:
+            session = resolve_session(
+                self.config, request.headers, request.path_params.get("session")
+            )
+            body = await self.read_json(request)
+            req = _APIS[api].parse_request(body)
+            status, result = await self.passthrough.forward(
+                api, session, body, req, dict(request.headers)
+            )
+        except RequestError as err:
+            return self.error(api, err)
+        if isinstance(result, dict):
+            return self.json(result, status)
+        return self._Streaming(result, status_code=status, media_type="text/event-stream")
+
+    async def count_tokens(self, request):
+        try:
+            resolve_session(self.config, request.headers, request.path_params.get("session"))
+            body = await self.read_json(request)
+            body.setdefault("max_tokens", 1)
+            req = anthropic_api.parse_request(body)
+            if self.core is None:
+                raise RequestError(
+                    "count_tokens needs a local tokenizer; this proxy forwards upstream"
+                )
+            text = self.core.renderer.render(req.messages, req.tools)
+            return self.json({"input_tokens": len(self.core.renderer.encode(text))})
+        except RequestError as err:
+            return self.error("anthropic", err)
+
+    # -- service --------------------------------------------------------------------------------
+    async def models(self, request):
+        name = self.config.model_name
+        card = {
+            "id": name,
+            "object": "model",
+            "owned_by": "gyre",
+            "type": "model",
+            "display_name": name,
+            "created": 0,
+        }
+        return self.json({"object": "list", "data": [card]})
+
+    async def health(self, request):
+        reports = {}
+        if self.passthrough is not None:
+            up = self.passthrough.upstream
+            reports["upstream"] = {"base_url": up.base_url, "api": up.api}
+        for r in self.replicas:
+            try:
+                reports[r.name] = await asyncio.wait_for(r.engine.health(), 5)
+            except Exception as e:  # a health report, not a failure of this endpoint
+                reports[r.name] = {"error": f"{type(e).__name__}: {e}"}
+        sessions = len(self.core.sessions) if self.core is not None else 0
+        return self.json({"status": "ok", "replicas": reports, "sessions": sessions})
+
+    async def metrics(self, request):
+        if self.core is None:
+            return self._Response("", media_type=_PROMETHEUS)
+        inflight = {r.name: r.inflight for r in self.replicas}
+        text = self.core.metrics.render(inflight, waiting=self.core.router.waiting)
+        return self._Response(text, media_type=_PROMETHEUS)
+
+    async def drop_session(self, request):
+        session = request.path_params["session"]
+        dropped = self.core.sessions.drop(session) if self.core is not None else False
+        return self.json({"session": session, "dropped": dropped})
+
+    async def crash(self, request, exc: Exception):  # the last resort: answer, never die
+        log.exception("unhandled error on %s", request.url.path)
+        api = "anthropic" if "/messages" in request.url.path else "openai"
+        return self.error(
+            api, RequestError(f"internal error: {type(exc).__name__}: {exc}", status=500)
+        )
+
+
+async def _complete(core: ProxyCore, prep, api: str) -> dict:
+    pieces: list[str | ToolCall] = []
+    async with contextlib.aclosing(core.events(prep)) as events:
+        async for ev in events:
+            if isinstance(ev, Finished):
+                usage = (ev.prompt_tokens, ev.output_tokens)
+                if api == "openai":
+                    reason = openai_api.finish_reason(ev.finish, ev.tool_calls)
+                    return openai_api.completion(prep.req, ev.text, ev.tool_calls, reason, usage)
+                return anthropic_api.message(prep.req, pieces, ev.finish, ev.stop_sequence, usage)
+            if ev is not PING:
+                pieces.append(ev)
+    raise RequestError("generation ended without a result", status=500)
+
+
+async def _sse(core: ProxyCore, prep, api: str):
+    req = prep.req
+    writer = openai_api.ChunkWriter(req) if api == "openai" else anthropic_api.EventWriter(req)
+    yield writer.start() if api == "openai" else writer.start(len(prep.plan.prompt_ids))
+    try:
+        async with contextlib.aclosing(core.events(prep)) as events:
+            async for ev in events:
+                yield _sse_event(writer, api, ev)
+    except RequestError as err:  # headers are sent: the error travels as an event
+        yield writer.error(err)
+
+
+def _sse_event(writer, api: str, ev) -> bytes:
+    if ev is PING:
+        return writer.ping()
+    if isinstance(ev, str):
+        return writer.text(ev) if ev else b""
+    if isinstance(ev, ToolCall):
+        return writer.tool_call(ev)
+    usage = (ev.prompt_tokens, ev.output_tokens)
+    if api == "openai":
+        return writer.finish(openai_api.finish_reason(ev.finish, ev.tool_calls), usage)
+    return writer.finish(ev.finish, ev.stop_sequence, usage)
