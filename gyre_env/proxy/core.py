@@ -164,6 +164,8 @@ class ProxyCore:
         finish, error, done = "abort", None, False
         try:
             stream = self.router.stream(prep.session.name, prep.plan.prompt_ids, prep.params, trace)
+            if prep.req.stream:  # keep the client's connection alive through a long prefill
+                stream = with_pings(stream, self.router.ping_interval_s)
             async with contextlib.aclosing(stream):
                 async for item in stream:
                     if item is PING:
@@ -306,3 +308,29 @@ class ProxyCore:
             extra=extra,
             prefix_len=plan.prefix_len,
         )
+
+
+async def with_pings(items: AsyncIterator, interval_s: float) -> AsyncIterator:
+    """``items``, with ``PING`` yielded whenever the next item takes longer than
+    ``interval_s`` (the pending item is awaited on, never cancelled)."""
+    pending: asyncio.Future | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(items.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield PING
+                continue
+            task, pending = pending, None
+            try:
+                item = task.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        await items.aclose()

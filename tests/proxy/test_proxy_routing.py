@@ -169,3 +169,21 @@ def test_long_first_call_does_not_stall_other_sessions(start_proxy, enc):
         assert quick.status_code == 200 and not slow.done(), "the short call finished first"
         assert slow.result().status_code == 200
     assert quick_s < 0.5
+
+
+def test_streams_get_pings_during_a_slow_prefill(start_proxy, enc):
+    """A replica that takes long for its first token (a 32k prefill on CPU takes ~40 s)."""
+    engine = ScriptedEngine([enc("late<|im_end|>")], delay_s=0.45)
+    proxy = start_proxy([engine], ping_interval_s=0.1)
+    body = {
+        "model": "c",
+        "max_tokens": 20,
+        "stream": True,
+        "messages": [{"role": "user", "content": "x"}],
+    }
+    text = httpx.post(proxy.anthropic_base_url("slow") + "/v1/messages", json=body, timeout=30).text
+    assert text.count("event: ping") >= 3 and text.index("event: ping") < text.index(
+        "content_block_start"
+    )
+    assert '"text": "late"' in text and text.rstrip().endswith('data: {"type": "message_stop"}')
+    assert proxy.records()[0].timings["queue"] < 0.05, "it was not waiting for a replica"
