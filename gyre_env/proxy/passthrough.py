@@ -240,16 +240,7 @@ class Passthrough:
     ) -> None:
         ok = 200 <= status < 300 and error is None
         if ok:
-            reply = reply_key(text, [(c["name"], c["arguments"]) for c in calls])
-            entry = {
-                "index": plan["index"],
-                "branch": plan["branch"],
-                "role": plan["role"],
-                "reply": reply,
-                "claimed": False,
-            }
-            with self._lock:
-                plan["state"].by_prompt.setdefault(plan["prompt_hash"], []).append(entry)
+            self._remember(plan, text, calls)
         if self.sink is None:
             return
         ids = ids or {}
@@ -291,6 +282,19 @@ class Passthrough:
             self.sink.write(record)
         except Exception:
             log.exception("record sink failed")
+
+    def _remember(self, plan: dict, text: str, calls: list[dict]) -> None:
+        """Let later calls that extend this one's messages and answer find it."""
+        reply = reply_key(text, [(c["name"], c["arguments"]) for c in calls])
+        entry = {
+            "index": plan["index"],
+            "branch": plan["branch"],
+            "role": plan["role"],
+            "reply": reply,
+            "claimed": False,
+        }
+        with self._lock:
+            plan["state"].by_prompt.setdefault(plan["prompt_hash"], []).append(entry)
 
     async def aclose(self) -> None:
         if self._client is not None:
