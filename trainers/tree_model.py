@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from gyre_env.trainers.tree_attention import TreeBlockLayout, tree_attention
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass(kw_only=True)
@@ -156,19 +157,34 @@ class TreeTransformer(nn.Module):
         return self.lm_head(self.hidden(input_ids, position_ids, attention))
 
 
-def packed_logprobs(model: TreeTransformer, batch: dict, attention) -> torch.Tensor:
+def packed_logprobs(
+    model: TreeTransformer, batch: dict, attention, *, chunk_size: int = 2048
+) -> torch.Tensor:
     """[num_loss_tokens] logprobs of the loss tokens of a packed batch, in token order.
 
     ``batch`` is ``PackedTree.tensors()``; only rows that predict a loss token go through
-    the LM head.
+    the LM head, ``chunk_size`` rows at a time, recomputed in backward (checkpointed), so
+    ``[num_loss_tokens, vocab]`` logits never exist at once - with a large vocabulary
+    they would otherwise dominate memory in both tree and flat layouts.
     """
     hidden = model.hidden(batch["input_ids"], batch["position_ids"], attention)
     sel = batch["loss_mask"]
-    rows = batch["parent_index"][sel]
-    logits = model.lm_head(hidden[rows])  # [m, vocab]
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, batch["input_ids"][sel][:, None])[
-        :, 0
-    ]
+    rows = hidden[batch["parent_index"][sel]]  # [m, d_model]
+    targets = batch["input_ids"][sel]
+    weight = model.lm_head.weight
+    out = []
+    for a in range(0, len(rows), chunk_size):
+        args = (rows[a : a + chunk_size], weight, targets[a : a + chunk_size])
+        if torch.is_grad_enabled():
+            out.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
+        else:
+            out.append(_chunk_logprobs(*args))
+    return torch.cat(out) if out else rows.new_zeros(0)
+
+
+def _chunk_logprobs(rows: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor):
+    logits = F.linear(rows, weight).float()  # [chunk, vocab]
+    return logits.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
 
 
 def tree_policy_loss(

@@ -225,3 +225,18 @@ def test_hugging_face_qwen2_with_a_4d_tree_mask_is_exact(impl):
                     ref[_key(flat, i)] = lp[i - a - 1, flat.input_ids[i]]
     want = torch.stack([ref[k] for k in keys])
     assert (got - want).abs().max().item() <= TOL
+
+
+def test_chunked_lm_head_gives_the_same_logprobs_and_gradients():
+    _, unit, model = _setup("grpo_shared_prompt")
+    p = pack(unit)
+    batch, attn = p.tensors(), p.dense_mask()
+    results = []
+    for chunk in (7, 10**6):
+        model.zero_grad()
+        lp = packed_logprobs(model, batch, attn, chunk_size=chunk)
+        (lp * torch.linspace(-1, 1, len(lp))).sum().backward()
+        results.append((lp.detach(), [q.grad.clone() for q in model.parameters()]))
+    (a, ga), (b, gb) = results
+    assert (a - b).abs().max().item() <= TOL
+    assert max((x - y).abs().max().item() for x, y in zip(ga, gb, strict=True)) <= TOL
