@@ -4,9 +4,9 @@ Nodes are laid out in depth-first preorder, so every node's subtree is one conti
 range of the packed sequence. That gives the whole attention structure in one array:
 token ``k`` is an ancestor-or-self of token ``q`` exactly when
 ``k <= q < subtree_end[k]``. From it come a dense ``[n, n]`` boolean mask (small
-inputs), a ``flex_attention`` ``BlockMask`` computed block-by-block without ever
-materialising ``n x n`` (large inputs), and the block list the CPU block-sparse kernel in
-``gyre_env.trainers.tree_attention`` walks.
+inputs) and a ``flex_attention`` ``BlockMask`` computed block-by-block without ever
+materialising ``n x n`` (large inputs; flex_attention trains on GPU only). The CPU
+training kernel in ``gyre_env.trainers.tree_attention`` walks ``parent_index`` instead.
 
 Positions are depths in the tree, so a token sees the same positions and the same keys
 it would see in its own path alone: one packed forward gives every path's logprobs.
