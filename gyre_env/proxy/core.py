@@ -311,22 +311,26 @@ class ProxyCore:
 
 
 async def with_pings(items: AsyncIterator, interval_s: float) -> AsyncIterator:
-    """``items``, with ``PING`` yielded whenever the next item takes longer than
-    ``interval_s`` (the pending item is awaited on, never cancelled)."""
+    """``items``, with ``PING`` yielded while the first item takes longer than
+    ``interval_s`` (a prefill; the pending item is awaited, never cancelled). Later items
+    pass straight through: one task per token would cost more than the gaps it covers."""
     pending: asyncio.Future | None = None
     try:
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(items.__anext__())
+            pending = asyncio.ensure_future(items.__anext__())
             done, _ = await asyncio.wait({pending}, timeout=interval_s)
-            if not done:
+            while not done:
                 yield PING
-                continue
+                done, _ = await asyncio.wait({pending}, timeout=interval_s)
             task, pending = pending, None
             try:
-                item = task.result()
+                first = task.result()
             except StopAsyncIteration:
                 return
+            yield first
+            if first is not PING:  # the router's own pings: still queued, keep watching
+                break
+        async for item in items:
             yield item
     finally:
         if pending is not None:
