@@ -318,7 +318,8 @@ async def with_pings(items: AsyncIterator, interval_s: float) -> AsyncIterator:
     try:
         while True:
             pending = asyncio.ensure_future(items.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            await asyncio.sleep(0)  # an item that is ready at once needs no timer
+            done = pending.done() or (await asyncio.wait({pending}, timeout=interval_s))[0]
             while not done:
                 yield PING
                 done, _ = await asyncio.wait({pending}, timeout=interval_s)
