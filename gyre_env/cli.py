@@ -9,6 +9,7 @@ import sys
 _COMMAND_MODULES = [
     "gyre_env.sandbox.cli",
     "gyre_env.tasks.cli",
+    "gyre_env.proxy.cli",
     "gyre_env.trajectory.cli",
     "gyre_env.bench_cli",
 ]
