@@ -15,7 +15,9 @@ import uuid
 
 from gyre_env.proxy.chat import (
     ChatRequest,
+    ConversionMemo,
     RequestError,
+    convert_messages,
     expect,
     opt_bool,
     opt_int,
@@ -29,8 +31,10 @@ from gyre_env.proxy.render import ToolCall
 _IGNORED_OBJECTS = ("thinking", "context_management", "output_config", "metadata")
 
 
-def parse_request(body: dict) -> ChatRequest:
-    """Check an Anthropic messages request and convert it to a :class:`ChatRequest`."""
+def parse_request(body: dict, memo: ConversionMemo | None = None) -> ChatRequest:
+    """Check an Anthropic messages request and convert it to a :class:`ChatRequest`;
+    ``memo`` (the session's) lets a request that repeats the last one's system prompt and
+    messages convert only the new ones."""
     model = body.get("model", "")
     expect(model, (str,), "model", "a string")
     max_tokens = opt_int(body, "max_tokens", lo=1)
@@ -44,14 +48,8 @@ def parse_request(body: dict) -> ChatRequest:
         raise RequestError("messages: must not be empty", param="messages")
     for key in _IGNORED_OBJECTS:
         opt_object(body, key)
-    messages = []
-    system = body.get("system")
-    if system is not None:
-        text = text_of_parts(system, "system")
-        if text:
-            messages.append({"role": "system", "content": text})
-    for k, m in enumerate(raw):
-        messages.extend(_message(m, k))
+    # the system prompt converts as element 0, so the memo reuses it like a message
+    messages = convert_messages([body.get("system"), *raw], _system_or_message, memo)
     tools = _tools(body.get("tools"))
     choice = opt_object(body, "tool_choice") or {}
     parse_tools = choice.get("type") != "none"
@@ -74,6 +72,13 @@ def parse_request(body: dict) -> ChatRequest:
         stop=stop_list(body.get("stop_sequences"), "stop_sequences", allow_string=False),
         stream=opt_bool(body, "stream"),
     )
+
+
+def _system_or_message(m: object, k: int) -> list[dict]:
+    if k:
+        return _message(m, k - 1)
+    text = "" if m is None else text_of_parts(m, "system")
+    return [{"role": "system", "content": text}] if text else []
 
 
 def _message(m: object, k: int) -> list[dict]:

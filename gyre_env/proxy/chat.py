@@ -8,6 +8,7 @@ validation pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -135,3 +136,88 @@ def text_of_parts(parts: object, where: str, allowed: tuple[str, ...] = ("text",
         expect(text, (str,), f"{where}[{k}].text", "a string")
         out.append(text)
     return "\n".join(out)
+
+
+try:  # byte-exact comparison of messages holding numbers (see ConversionMemo)
+    from orjson import dumps as _exact_bytes
+except ImportError:  # pragma: no cover - depends on the environment
+    import json
+
+    def _exact_bytes(obj) -> bytes:
+        return json.dumps(obj).encode()
+
+
+Converter = Callable[[object, int], list[dict]]
+"""Converts raw message ``k`` of a request into internal messages (raises RequestError)."""
+
+
+class ConversionMemo:
+    """One session's last request: its raw messages and what they converted to.
+
+    An agent's next call repeats all earlier messages and adds a few. When a request's raw
+    messages start with exactly the stored ones, their converted messages are reused (the
+    same objects, which also lets :class:`~gyre_env.proxy.sessions.Session` reuse their
+    keys by identity) and only the new ones are converted, so parsing costs one C-level
+    comparison of the old messages rather than Python work per message.
+
+    Exactness: ``==`` on JSON values is exact for strings, null, lists and objects (key
+    order aside, which message keys ignore too) but loose for numbers and booleans
+    (``1 == 1.0 == True``). Stored messages holding any number or boolean are therefore
+    also compared as serialized bytes, so an edited message is never taken as repeated.
+    """
+
+    __slots__ = ("raw", "out", "ends", "loose")
+
+    def __init__(self) -> None:
+        self.raw: list = []
+        self.out: list[dict] = []
+        self.ends: list[int] = []
+        """``ends[j]``: how many converted messages ``raw[: j + 1]`` gave."""
+        self.loose: list[int] = []
+        """Indices of stored raw messages holding numbers or booleans."""
+
+    def _repeated(self, raw: list) -> int:
+        """How many leading raw messages are the stored ones (all of them, or 0)."""
+        n = len(self.raw)
+        if not n or len(raw) < n or raw[:n] != self.raw:
+            return 0
+        for j in self.loose:
+            if _exact_bytes(raw[j]) != _exact_bytes(self.raw[j]):
+                return 0
+        return n
+
+    def convert(self, raw: list, one: Converter) -> list[dict]:
+        """The converted messages of ``raw`` (a new list), remembering them for next time."""
+        n = self._repeated(raw)
+        out = self.out[: self.ends[n - 1]] if n else []
+        ends, loose = self.ends[:n], [j for j in self.loose if j < n]
+        for k in range(n, len(raw)):
+            out += one(raw[k], k)
+            ends.append(len(out))
+            if _has_scalars(raw[k]):
+                loose.append(k)
+        self.raw = self.raw + raw[n:] if n else raw
+        self.out, self.ends, self.loose = list(out), ends, loose
+        return out
+
+
+def convert_messages(raw: list, one: Converter, memo: ConversionMemo | None) -> list[dict]:
+    """``one`` applied to every raw message in order (through ``memo`` when given)."""
+    if memo is not None:
+        return memo.convert(raw, one)
+    out: list[dict] = []
+    for k, m in enumerate(raw):
+        out += one(m, k)
+    return out
+
+
+def _has_scalars(value: object) -> bool:
+    """Whether a JSON value holds a number or boolean anywhere."""
+    kind = type(value)
+    if kind is str or value is None:
+        return False
+    if kind is dict:
+        return any(_has_scalars(v) for v in value.values())
+    if kind is list:
+        return any(_has_scalars(v) for v in value)
+    return True

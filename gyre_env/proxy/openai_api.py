@@ -8,7 +8,9 @@ import uuid
 
 from gyre_env.proxy.chat import (
     ChatRequest,
+    ConversionMemo,
     RequestError,
+    convert_messages,
     expect,
     opt_bool,
     opt_int,
@@ -22,8 +24,10 @@ from gyre_env.proxy.render import ToolCall
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
-def parse_request(body: dict) -> ChatRequest:
-    """Check an OpenAI chat request and convert it to a :class:`ChatRequest`."""
+def parse_request(body: dict, memo: ConversionMemo | None = None) -> ChatRequest:
+    """Check an OpenAI chat request and convert it to a :class:`ChatRequest`; ``memo``
+    (the session's) lets a request that repeats the last one's messages convert only the
+    new ones."""
     model = body.get("model", "")
     expect(model, (str,), "model", "a string")
     raw_messages = body.get("messages")
@@ -32,7 +36,7 @@ def parse_request(body: dict) -> ChatRequest:
     expect(raw_messages, (list,), "messages", "an array of messages")
     if not raw_messages:
         raise RequestError("messages: must not be empty", param="messages")
-    messages = [_message(m, k) for k, m in enumerate(raw_messages)]
+    messages = convert_messages(raw_messages, _one_message, memo)
     n = opt_int(body, "n", lo=1)
     if n not in (None, 1):
         raise RequestError("n: only n=1 is supported", param="n")
@@ -62,6 +66,10 @@ def parse_request(body: dict) -> ChatRequest:
         stream=opt_bool(body, "stream"),
         include_usage=opt_bool(stream_options, "include_usage"),
     )
+
+
+def _one_message(m: object, k: int) -> list[dict]:
+    return [_message(m, k)]
 
 
 def _message(m: object, k: int) -> dict:

@@ -120,7 +120,9 @@ class Routes:
             session = resolve_session(
                 self.config, request.headers, request.path_params.get("session")
             )
-            req = _APIS[api].parse_request(await self.read_json(request))
+            body = await self.read_json(request)
+            memo = self.core.sessions.get(session).memo(api)
+            req = _APIS[api].parse_request(body, memo)
             prep = await self.core.prepare(req, session, dict(request.headers))
         except RequestError as err:
             return self.error(api, err)

@@ -19,7 +19,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import is_
 
+from gyre_env.proxy.chat import ConversionMemo
 from gyre_env.proxy.records import BranchRole
 from gyre_env.proxy.render import ChatRenderer, reply_key
 
@@ -121,8 +123,12 @@ def signature_chain(keys: list[tuple], tools_blob: str) -> list[int]:
     """``h[i]`` stands for (tools, messages[:i]) by the messages' roles and lengths only:
     cheap whatever the content length. Equal prompts give equal chains; candidates found
     this way are then compared exactly (``==`` on the keys, a memory compare)."""
-    h = [hash((len(tools_blob), tools_blob[:64]))]
-    last = h[0]
+    return extend_signature_chain([hash((len(tools_blob), tools_blob[:64]))], keys)
+
+
+def extend_signature_chain(h: list[int], keys: list[tuple]) -> list[int]:
+    """``h`` (a chain) continued over ``keys``, the messages after those it covers."""
+    last = h[-1]
     for role, content, call_id, _, reasoning, calls in keys:
         last = hash((last, role, len(content), call_id, len(reasoning), len(calls)))
         h.append(last)
@@ -249,6 +255,37 @@ class Session:
     by_prompt: dict = field(default_factory=dict)
     """prompt hash -> calls with exactly that prompt (oldest first)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    memos: dict = field(default_factory=dict)
+    """API name -> :class:`ConversionMemo` of the session's last request."""
+    last_keys: tuple = ((), (), (), "")
+    """(messages, keys, chain, tools) of the last request matched, to reuse the keys and
+    chain of messages that are the very same objects (see :meth:`keys_and_chain`)."""
+
+    def memo(self, api: str) -> ConversionMemo:
+        """The conversion memo of this session's requests in ``api``."""
+        memo = self.memos.get(api)
+        if memo is None:
+            memo = self.memos[api] = ConversionMemo()
+        return memo
+
+    def keys_and_chain(self, messages: list[dict], blob: str) -> tuple[list, list[int]]:
+        """:func:`message_key` of each message and their :func:`signature_chain`.
+
+        Messages that are the same objects as the last request's leading ones (a
+        :class:`ConversionMemo` reused them) keep that request's keys and chain: the cost
+        is a pointer comparison per earlier message, and later comparisons of these keys
+        with the session's stored ones (the same objects) are pointer comparisons too."""
+        old_msgs, old_keys, old_chain, old_blob = self.last_keys
+        n = len(old_msgs)
+        if n and len(messages) >= n and old_blob == blob and all(map(is_, messages, old_msgs)):
+            new_keys = [message_key(m) for m in messages[n:]]
+            keys = old_keys + new_keys
+            chain = extend_signature_chain(old_chain[:], new_keys)
+        else:
+            keys = [message_key(m) for m in messages]
+            chain = signature_chain(keys, blob)
+        self.last_keys = (messages, keys, chain, blob)
+        return keys, chain
 
     def plan(
         self,
@@ -264,9 +301,8 @@ class Session:
 
     def match(self, messages: list[dict], tools: list[dict] | None, role: BranchRole) -> Match:
         """The cheap half of :meth:`plan`: find the call this request extends (or repeats)."""
-        keys = [message_key(m) for m in messages]
         blob = tools_blob(tools)
-        hashes = signature_chain(keys, blob)
+        keys, hashes = self.keys_and_chain(messages, blob)
         m = Match(messages=messages, tools=tools, role=role, keys=keys, blob=blob, hashes=hashes)
         with self.lock:
             for node in reversed(self.by_prompt.get(hashes[-1], ())):
