@@ -24,12 +24,10 @@ from pathlib import Path
 from gyre_env.sandbox import lifecycle, route
 from gyre_env.sandbox.base import (
     WORKSPACE,
-    ExecResult,
-    SandboxClosedError,
     SandboxConfig,
     SandboxError,
 )
-from gyre_env.sandbox.files import ShellFileOps
+from gyre_env.sandbox.files import ShellSandbox
 from gyre_env.sandbox.shell import PersistentShell, shell_quote
 
 log = logging.getLogger(__name__)
@@ -124,7 +122,7 @@ def _try_cgroup(name: str, config: SandboxConfig) -> _Cgroup | None:
         return None
 
 
-class BwrapSandbox(ShellFileOps):
+class BwrapSandbox(ShellSandbox):
     """A bubblewrap sandbox around a persistent bash."""
 
     backend = "bwrap"
@@ -211,25 +209,8 @@ class BwrapSandbox(ShellFileOps):
             return self.cgroup.enter_prefix() + argv
         return ["prlimit", f"--as={cfg.memory_mb << 20}", "--"] + argv
 
-    def _start_forwarder(self) -> None:
-        result = self.shell.run(
-            route.start_command(self.config.proxy_socket, self.config.proxy_port)
-        )
-        if result.exit_code != 0:
-            raise SandboxError(f"proxy forwarder did not start: {result.stderr.strip()[:500]}")
-
-    def exec(self, cmd: str, timeout: float = 60.0, cwd: str | None = None, env=None) -> ExecResult:
-        if self._closed:
-            raise SandboxClosedError(f"sandbox {self.id} is closed")
-        before = self.cgroup.oom_kills() if self.cgroup else 0
-        result = self.shell.run(cmd, timeout=timeout, cwd=cwd, env=env)
-        if self.cgroup is not None and self.cgroup.oom_kills() > before:
-            result.oom_killed = True
-            result.stderr += "[gyre] killed: the sandbox's memory limit was exceeded\n"
-        return result
-
-    def alive(self) -> bool:
-        return not self._closed and self.shell.alive
+    def _oom_kills(self) -> int:
+        return self.cgroup.oom_kills() if self.cgroup is not None else 0
 
     def close(self) -> None:
         with self._close_lock:
@@ -242,12 +223,6 @@ class BwrapSandbox(ShellFileOps):
         if self.cgroup is not None:
             self.cgroup.destroy()
         shutil.rmtree(self.host_dir, ignore_errors=True)
-
-    def __enter__(self) -> BwrapSandbox:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def reap(dry_run: bool = False) -> list[str]:

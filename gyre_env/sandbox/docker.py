@@ -21,11 +21,10 @@ from gyre_env.sandbox import lifecycle, route
 from gyre_env.sandbox.base import (
     WORKSPACE,
     ExecResult,
-    SandboxClosedError,
     SandboxConfig,
     SandboxError,
 )
-from gyre_env.sandbox.files import ShellFileOps
+from gyre_env.sandbox.files import ShellSandbox
 from gyre_env.sandbox.shell import PersistentShell
 
 log = logging.getLogger(__name__)
@@ -55,7 +54,7 @@ def daemon_available() -> bool:
         return False
 
 
-class DockerSandbox(ShellFileOps):
+class DockerSandbox(ShellSandbox):
     """A container started from ``config.image`` with a persistent ``docker exec`` shell."""
 
     backend = "docker"
@@ -140,26 +139,6 @@ class DockerSandbox(ShellFileOps):
                 pass
             raise SandboxError(f"could not start a container from {cfg.image!r}: {e}") from e
 
-    def _start_forwarder(self) -> None:
-        result = self.shell.run(
-            route.start_command(self.config.proxy_socket, self.config.proxy_port)
-        )
-        if result.exit_code != 0:
-            raise SandboxError(f"proxy forwarder did not start: {result.stderr.strip()[:500]}")
-
-    def exec(self, cmd: str, timeout: float = 60.0, cwd: str | None = None, env=None) -> ExecResult:
-        if self._closed:
-            raise SandboxClosedError(f"sandbox {self.id} is closed")
-        before = self._oom_kills()
-        try:
-            result = self.shell.run(cmd, timeout=timeout, cwd=cwd, env=env)
-        except SandboxError as e:
-            raise SandboxError(f"sandbox {self.id} died: {e}") from e
-        if self._oom_kills() > before:
-            result.oom_killed = True
-            result.stderr += "[gyre] killed: the sandbox's memory limit was exceeded\n"
-        return result
-
     def _oom_kills(self) -> int:
         """The memory cgroup's OOM-kill counter (cgroup v1 and v2); 0 where unreadable."""
         cid = self.container.id
@@ -199,12 +178,6 @@ class DockerSandbox(ShellFileOps):
             self.container.remove(force=True)
         except Exception as e:
             log.debug("container %s already gone: %s", self.id, e)
-
-    def __enter__(self) -> DockerSandbox:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _docker_cli() -> str:

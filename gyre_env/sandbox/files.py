@@ -1,4 +1,4 @@
-"""File operations every backend shares, done through the sandbox's own shell.
+"""What every backend shares: commands and file operations through the sandbox's own shell.
 
 Paths are resolved *inside* the sandbox (``realpath -m``) so that ``..``, absolute paths
 and symlinks planted by the agent cannot reach outside the workspace: any path whose
@@ -12,7 +12,13 @@ import io
 import tarfile
 from pathlib import Path
 
-from gyre_env.sandbox.base import ExecResult, PathOutsideWorkspaceError, SandboxError
+from gyre_env.sandbox.base import (
+    ExecResult,
+    PathOutsideWorkspaceError,
+    SandboxClosedError,
+    SandboxConfig,
+    SandboxError,
+)
 from gyre_env.sandbox.shell import PersistentShell, shell_quote
 
 _OUTSIDE = 97
@@ -104,3 +110,49 @@ class ShellFileOps:
             # The archive is agent-made: the "data" filter refuses paths that would land
             # outside local_dir; links that point outside (a venv's python) are skipped.
             tar.extractall(local_dir, filter=_skip_escaping_links)
+
+
+class ShellSandbox(ShellFileOps):
+    """Base of the backends: ``exec`` through the persistent shell, OOM reporting, the
+    proxy route, and context-manager use. Subclasses start ``self.shell`` and define
+    ``close``; those with a memory cgroup override ``_oom_kills``."""
+
+    id: str
+    config: SandboxConfig
+    _closed: bool = False
+
+    def exec(self, cmd: str, timeout: float = 60.0, cwd: str | None = None, env=None) -> ExecResult:
+        if self._closed:
+            raise SandboxClosedError(f"sandbox {self.id} is closed")
+        before = self._oom_kills()
+        try:
+            result = self.shell.run(cmd, timeout=timeout, cwd=cwd, env=env)
+        except SandboxClosedError:
+            raise
+        except SandboxError as e:
+            raise SandboxError(f"sandbox {self.id} died: {e}") from e
+        if self._oom_kills() > before:
+            result.oom_killed = True
+            result.stderr += "[gyre] killed: the sandbox's memory limit was exceeded\n"
+        return result
+
+    def _oom_kills(self) -> int:
+        """How many processes the kernel killed for memory so far (0: unknown)."""
+        return 0
+
+    def _start_forwarder(self) -> None:
+        from gyre_env.sandbox import route
+
+        cmd = route.start_command(self.config.proxy_socket, self.config.proxy_port)
+        result = self.shell.run(cmd)
+        if result.exit_code != 0:
+            raise SandboxError(f"proxy forwarder did not start: {result.stderr.strip()[:500]}")
+
+    def alive(self) -> bool:
+        return not self._closed and self.shell.alive
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

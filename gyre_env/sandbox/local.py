@@ -12,8 +12,8 @@ import shutil
 import tempfile
 import uuid
 
-from gyre_env.sandbox.base import ExecResult, SandboxClosedError, SandboxConfig
-from gyre_env.sandbox.files import ShellFileOps
+from gyre_env.sandbox.base import SandboxConfig
+from gyre_env.sandbox.files import ShellSandbox
 from gyre_env.sandbox.shell import PersistentShell
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ WARNING = (
 )
 
 
-class LocalSandbox(ShellFileOps):
+class LocalSandbox(ShellSandbox):
     """Runs commands in a temporary folder on the host."""
 
     backend = "local"
@@ -43,23 +43,9 @@ class LocalSandbox(ShellFileOps):
             popen_kwargs={"start_new_session": True, "cwd": self.workspace},
         )
 
-    def exec(self, cmd: str, timeout: float = 60.0, cwd: str | None = None, env=None) -> ExecResult:
-        if self._closed:
-            raise SandboxClosedError(f"sandbox {self.id} is closed")
-        return self.shell.run(cmd, timeout=timeout, cwd=cwd, env=env)
-
-    def alive(self) -> bool:
-        return not self._closed
-
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self.shell.close()
         shutil.rmtree(self.workspace, ignore_errors=True)
-
-    def __enter__(self) -> LocalSandbox:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
