@@ -54,6 +54,11 @@ class Finished:
     tool_calls: list[ToolCall]
 
 
+FLUSH = object()
+"""Yielded by :meth:`ProxyCore.events` after the pieces of one engine chunk: a stream
+sends what it has gathered since the last flush in one write."""
+
+
 @dataclass(kw_only=True)
 class Prepared:
     req: ChatRequest
@@ -153,7 +158,8 @@ class ProxyCore:
         )
 
     async def events(self, prep: Prepared) -> AsyncIterator[object]:
-        """Yield ``PING``, text pieces (str), ToolCall s, then one Finished."""
+        """Yield ``PING``, text pieces (str), ToolCall s and ``FLUSH`` marks, then one
+        Finished."""
         decoder = IncrementalDecoder(self.renderer)
         stops = StopStringMatcher(prep.req.stop)
         parser = ToolCallParser(enabled=prep.req.parse_tools)
@@ -179,6 +185,7 @@ class ProxyCore:
                     if stops.matched is not None or item.finish_reason:
                         finish = "stop" if stops.matched is not None else item.finish_reason
                         break
+                    yield FLUSH  # nothing more until the engine's next chunk
             tail = stops.push(decoder.flush()) + stops.flush()
             for piece in parser.push(tail) + parser.flush():
                 pieces.append(piece)

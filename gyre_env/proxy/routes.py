@@ -16,7 +16,7 @@ import re
 from gyre_env._optional import require
 from gyre_env.proxy import anthropic_api, openai_api
 from gyre_env.proxy.chat import RequestError
-from gyre_env.proxy.core import Finished, ProxyCore
+from gyre_env.proxy.core import FLUSH, Finished, ProxyCore
 from gyre_env.proxy.passthrough import Passthrough
 from gyre_env.proxy.render import ToolCall
 from gyre_env.proxy.router import PING
@@ -223,21 +223,33 @@ async def _complete(core: ProxyCore, prep, api: str) -> dict:
                     reason = openai_api.finish_reason(ev.finish, ev.tool_calls)
                     return openai_api.completion(prep.req, ev.text, ev.tool_calls, reason, usage)
                 return anthropic_api.message(prep.req, pieces, ev.finish, ev.stop_sequence, usage)
-            if ev is not PING:
+            if ev is not PING and ev is not FLUSH:
                 pieces.append(ev)
     raise RequestError("generation ended without a result", status=500)
 
 
 async def _sse(core: ProxyCore, prep, api: str):
+    """The call's SSE bytes: the events of one engine chunk (and the opening events before
+    the first) go out in one write, a ping or the end at once."""
     req = prep.req
     writer = openai_api.ChunkWriter(req) if api == "openai" else anthropic_api.EventWriter(req)
-    yield writer.start() if api == "openai" else writer.start(len(prep.plan.prompt_ids))
+    out = writer.start() if api == "openai" else writer.start(len(prep.plan.prompt_ids))
     try:
         async with contextlib.aclosing(core.events(prep)) as events:
             async for ev in events:
-                yield _sse_event(writer, api, ev)
+                if ev is FLUSH:
+                    if out:
+                        yield out
+                        out = b""
+                    continue
+                out += _sse_event(writer, api, ev)
+                if ev is PING:
+                    yield out
+                    out = b""
     except RequestError as err:  # headers are sent: the error travels as an event
-        yield writer.error(err)
+        out += writer.error(err)
+    if out:
+        yield out
 
 
 def _sse_event(writer, api: str, ev) -> bytes:
