@@ -127,14 +127,26 @@ class Routes:
         except RequestError as err:
             return self.error(api, err)
         if req.stream:
-            headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-            return self._Streaming(
-                _sse(self.core, prep, api), media_type="text/event-stream", headers=headers
-            )
+            return await self.stream(prep, api)
         try:
             return self.json(await _complete(self.core, prep, api))
         except RequestError as err:
             return self.error(api, err)
+
+    async def stream(self, prep, api: str):
+        """An SSE response. Its first write waits for the first engine chunk (or a
+        keep-alive ping while queued or prefilling); a call whose whole answer came in that
+        chunk is sent as one plain response, without a streaming task per call."""
+        headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+        end = _End()
+        events = _sse(self.core, prep, api, end)
+        first = await anext(events, b"")
+        if end.reached:
+            await events.aclose()
+            return self._Response(first, media_type="text/event-stream", headers=headers)
+        return self._Streaming(
+            _then(first, events), media_type="text/event-stream", headers=headers
+        )
 
     async def forward(self, request, api: str):
         try:
@@ -228,7 +240,21 @@ async def _complete(core: ProxyCore, prep, api: str) -> dict:
     raise RequestError("generation ended without a result", status=500)
 
 
-async def _sse(core: ProxyCore, prep, api: str):
+class _End:
+    """Set by :func:`_sse` just before it yields its last bytes."""
+
+    reached = False
+
+
+async def _then(first: bytes, rest):
+    """``first``, then the items of ``rest`` (closed when this generator is)."""
+    async with contextlib.aclosing(rest):
+        yield first
+        async for item in rest:
+            yield item
+
+
+async def _sse(core: ProxyCore, prep, api: str, end: _End):
     """The call's SSE bytes: the events of one engine chunk (and the opening events before
     the first) go out in one write, a ping or the end at once."""
     req = prep.req
@@ -246,8 +272,9 @@ async def _sse(core: ProxyCore, prep, api: str):
                 if ev is PING:
                     yield out
                     out = b""
-    except RequestError as err:  # headers are sent: the error travels as an event
+    except RequestError as err:  # headers may be sent: the error travels as an event
         out += writer.error(err)
+    end.reached = True
     if out:
         yield out
 
