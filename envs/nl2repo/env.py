@@ -81,6 +81,9 @@ class NL2RepoConfig:
     """``auto``, ``docker``, ``bwrap`` or ``local`` (agent and evaluator sandboxes)."""
     sandbox: dict = field(default_factory=dict)
     """``SandboxConfig`` fields for the agent's sandbox (``image`` comes from the task)."""
+    warm_pool: int = 0
+    """Started sandboxes kept ready per image (shared by the envs of a process), so a
+    reset does not pay a container start; 0 starts each episode's sandbox on reset."""
     max_steps: int | None = None
     """Step limit; default: the task's ``max_steps``."""
     wall_clock_s: float | None = None
@@ -206,12 +209,15 @@ class NL2RepoEnv(gym.Env):
 
     def _start(self, task: Task):
         from gyre_env.sandbox import SandboxConfig, make_sandbox
+        from gyre_env.sandbox.pool import shared_pool
 
+        config = SandboxConfig.from_dict({**self.config.sandbox, "image": task.image})
         try:
-            sandbox = make_sandbox(
-                SandboxConfig.from_dict({**self.config.sandbox, "image": task.image}),
-                self.config.sandbox_backend,
-            )
+            if self.config.warm_pool > 0:
+                pool = shared_pool(config, self.config.sandbox_backend, self.config.warm_pool)
+                sandbox = pool.acquire()
+            else:
+                sandbox = make_sandbox(config, self.config.sandbox_backend)
         except Exception as e:
             raise EnvInfraError(f"could not start a sandbox for {task.id!r}: {e}") from e
         try:

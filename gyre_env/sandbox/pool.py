@@ -6,12 +6,14 @@ closed, never handed out again. A background thread refills the pool after each 
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import queue
 import threading
 from collections.abc import Callable
 
-from gyre_env.sandbox.base import Sandbox
+from gyre_env.sandbox.base import Sandbox, SandboxConfig
 
 log = logging.getLogger(__name__)
 
@@ -100,3 +102,44 @@ class SandboxPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+_shared: dict[tuple, SandboxPool] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_pool(config: SandboxConfig, backend: str, size: int) -> SandboxPool:
+    """The process-wide pool for this (backend, config), created on first use.
+
+    Envs that start sandboxes with the same config share one pool, so N envs stepping in
+    threads draw from the same warm sandboxes; pools are closed when the process exits.
+    """
+    import dataclasses
+
+    from gyre_env.sandbox import choose_backend, make_sandbox
+
+    backend = choose_backend(backend)
+    key = (backend, json.dumps(dataclasses.asdict(config), sort_keys=True))
+    with _shared_lock:
+        pool = _shared.get(key)
+        if pool is None or pool.size < size:
+            if pool is not None:
+                pool.close()
+            if not _shared:
+                atexit.register(close_shared_pools)
+            pool = _shared[key] = SandboxPool(lambda: make_sandbox(config, backend), size)
+        return pool
+
+
+def shared_pools() -> list[SandboxPool]:
+    """The pools ``shared_pool`` has made in this process (for metrics and tests)."""
+    with _shared_lock:
+        return list(_shared.values())
+
+
+def close_shared_pools() -> None:
+    with _shared_lock:
+        pools = list(_shared.values())
+        _shared.clear()
+    for pool in pools:
+        pool.close()

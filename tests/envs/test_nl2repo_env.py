@@ -300,3 +300,29 @@ def test_docker_episode_gold_and_partial(task_dir):
     )
     assert info["outcome"] == "failure" and sum(rewards) == 0.25
     env.close()
+
+
+@pytest.mark.docker
+def test_warm_pool_resets_take_started_sandboxes_never_shared(task_dir):
+    """With ``warm_pool`` the env takes a started container at reset (no cold start), the
+    pool refills in the background, and no container serves two episodes."""
+    from gyre_env.sandbox.pool import close_shared_pools, shared_pools
+
+    envs = [NL2RepoEnv(task_path=str(task_dir), sandbox_backend="docker", warm_pool=2)]
+    envs.append(NL2RepoEnv(task_path=str(task_dir), sandbox_backend="docker", warm_pool=2))
+    try:
+        envs[0].reset(seed=0)
+        [pool] = shared_pools()
+        assert pool.wait_ready(timeout=60)
+        seen = {envs[0].sandbox.id}
+        for env in envs * 2:
+            env.reset(seed=0)
+            assert env.sandbox.id not in seen
+            seen.add(env.sandbox.id)
+            _, _, _, _, info = env.step(call("bash", command="echo warm"))
+            assert info["tool_ok"]
+        assert pool.cold_starts <= 1  # only the very first reset, before the pool was warm
+    finally:
+        for env in envs:
+            env.close()
+        close_shared_pools()
