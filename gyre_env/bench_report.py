@@ -130,8 +130,9 @@ def plot_partial_rewards(results: Sequence[EpisodeResult], plt) -> str:
                 s.get("partial") if s.get("partial") is not None else s["cumulative"]
                 for s in r.trace
             ]
-            ax.plot(range(1, len(ys) + 1), ys, alpha=0.6, linewidth=1)
+            ax.plot(range(1, len(ys) + 1), ys, alpha=0.6, linewidth=1, marker="o", markersize=3)
     ax.set_xlabel("step")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("partial reward")
     ax.set_title("Partial reward over steps (one line per episode)")
     out = _png(fig)
@@ -152,7 +153,7 @@ def plot_time_breakdown(results: Sequence[EpisodeResult], plt) -> str:
     )
     ax.set_ylabel("seconds")
     ax.set_title("Time breakdown per episode")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     out = _png(fig)
     plt.close(fig)
     return out
