@@ -182,7 +182,7 @@ class ConversionMemo:
         if not n or len(raw) < n or raw[:n] != self.raw:
             return 0
         for j in self.loose:
-            if _exact_bytes(raw[j]) != _exact_bytes(self.raw[j]):
+            if raw[j] is not self.raw[j] and _exact_bytes(raw[j]) != _exact_bytes(self.raw[j]):
                 return 0
         return n
 

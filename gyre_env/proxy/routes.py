@@ -15,6 +15,7 @@ import re
 
 from gyre_env._optional import require
 from gyre_env.proxy import anthropic_api, openai_api
+from gyre_env.proxy.bodies import BodyMemo
 from gyre_env.proxy.chat import RequestError
 from gyre_env.proxy.core import FLUSH, Finished, ProxyCore
 from gyre_env.proxy.passthrough import Passthrough
@@ -87,7 +88,8 @@ class Routes:
     def error(self, api: str, err: RequestError):
         return self.json(_APIS[api].error_body(err), err.status)
 
-    async def read_json(self, request) -> dict:
+    async def read_json(self, request, memo: BodyMemo | None = None) -> dict:
+        """The request's JSON object (through the session's ``memo`` when given)."""
         limit = self.config.max_request_bytes
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > limit:
@@ -99,7 +101,8 @@ class Routes:
                 raise RequestError(f"request body exceeds {limit} bytes", status=413)
             chunks.append(chunk)
         try:
-            body = _loads(b"".join(chunks))
+            raw = b"".join(chunks)
+            body = memo.loads(raw) if memo is not None else _loads(raw)
         except ValueError as e:
             raise RequestError(f"request body is not valid JSON: {e}") from e
         if not isinstance(body, dict):
@@ -120,9 +123,9 @@ class Routes:
             session = resolve_session(
                 self.config, request.headers, request.path_params.get("session")
             )
-            body = await self.read_json(request)
-            memo = self.core.sessions.get(session).memo(api)
-            req = _APIS[api].parse_request(body, memo)
+            state = self.core.sessions.get(session)
+            body = await self.read_json(request, state.body_memo(api))
+            req = _APIS[api].parse_request(body, state.memo(api))
             prep = await self.core.prepare(req, session, dict(request.headers))
         except RequestError as err:
             return self.error(api, err)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import is_
 
+from gyre_env.proxy.bodies import BodyMemo
 from gyre_env.proxy.chat import ConversionMemo
 from gyre_env.proxy.records import BranchRole
 from gyre_env.proxy.render import ChatRenderer, reply_key
@@ -260,7 +261,8 @@ class Session:
     """(last committed node, its prompt list), which :meth:`_full_ids` may extend in place
     for the next call (costs one pointer per token of the session's last prompt)."""
     memos: dict = field(default_factory=dict)
-    """API name -> :class:`ConversionMemo` of the session's last request."""
+    """API name -> :class:`ConversionMemo`, ``("body", api)`` -> :class:`BodyMemo`, of the
+    session's last request."""
     last_keys: tuple = ((), (), (), "")
     """(messages, keys, chain, tools) of the last request matched, to reuse the keys and
     chain of messages that are the very same objects (see :meth:`keys_and_chain`)."""
@@ -270,6 +272,13 @@ class Session:
         memo = self.memos.get(api)
         if memo is None:
             memo = self.memos[api] = ConversionMemo()
+        return memo
+
+    def body_memo(self, api: str) -> BodyMemo:
+        """The body memo of this session's requests in ``api`` (holds its last large body)."""
+        memo = self.memos.get(("body", api))
+        if memo is None:
+            memo = self.memos[("body", api)] = BodyMemo()
         return memo
 
     def keys_and_chain(self, messages: list[dict], blob: str) -> tuple[list, list[int]]:
