@@ -19,6 +19,7 @@ from gyre_env.proxy.chat import (
     RequestError,
     convert_messages,
     expect,
+    json_bytes,
     opt_bool,
     opt_int,
     opt_number,
@@ -249,9 +250,7 @@ def message(
 
 
 def _event(name: str, data: dict) -> bytes:
-    return (
-        f"event: {name}\ndata: ".encode() + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
-    )
+    return f"event: {name}\ndata: ".encode() + json_bytes(data) + b"\n\n"
 
 
 class EventWriter:

@@ -138,13 +138,14 @@ def text_of_parts(parts: object, where: str, allowed: tuple[str, ...] = ("text",
     return "\n".join(out)
 
 
-try:  # byte-exact comparison of messages holding numbers (see ConversionMemo)
-    from orjson import dumps as _exact_bytes
+try:  # orjson serializes several times faster; the stdlib is the fallback
+    from orjson import dumps as json_bytes
 except ImportError:  # pragma: no cover - depends on the environment
     import json
 
-    def _exact_bytes(obj) -> bytes:
-        return json.dumps(obj).encode()
+    def json_bytes(obj) -> bytes:
+        """Compact UTF-8 JSON of ``obj``."""
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 Converter = Callable[[object, int], list[dict]]
@@ -182,7 +183,7 @@ class ConversionMemo:
         if not n or len(raw) < n or raw[:n] != self.raw:
             return 0
         for j in self.loose:
-            if raw[j] is not self.raw[j] and _exact_bytes(raw[j]) != _exact_bytes(self.raw[j]):
+            if raw[j] is not self.raw[j] and json_bytes(raw[j]) != json_bytes(self.raw[j]):
                 return 0
         return n
 

@@ -12,6 +12,7 @@ from gyre_env.proxy.chat import (
     RequestError,
     convert_messages,
     expect,
+    json_bytes,
     opt_bool,
     opt_int,
     opt_number,
@@ -222,7 +223,7 @@ class ChunkWriter:
             **self._head,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
         }
-        return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+        return b"data: " + json_bytes(data) + b"\n\n"
 
     def start(self) -> bytes:
         return self._chunk({"role": "assistant", "content": ""})
@@ -241,11 +242,11 @@ class ChunkWriter:
         out = self._chunk({}, finish)
         if self.req.include_usage:
             data = {**self._head, "choices": [], "usage": _usage(usage)}
-            out += b"data: " + json.dumps(data).encode() + b"\n\n"
+            out += b"data: " + json_bytes(data) + b"\n\n"
         return out + b"data: [DONE]\n\n"
 
     def error(self, err: RequestError) -> bytes:
-        return b"data: " + json.dumps(error_body(err)).encode() + b"\n\n"
+        return b"data: " + json_bytes(error_body(err)) + b"\n\n"
 
 
 def finish_reason(finish: str, calls: list[ToolCall]) -> str:

@@ -76,7 +76,7 @@ def test_all_paused_requests_wait_with_pings_and_none_is_lost(start_proxy, enc):
     assert text.count("event: ping") >= 3 and text.index("event: ping") < text.index(
         "content_block_start"
     )
-    assert '"text": "back"' in text and "message_stop" in text
+    assert '"text":"back"' in text and "message_stop" in text
     assert all(
         r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "back"
         for r in results
@@ -185,5 +185,5 @@ def test_streams_get_pings_during_a_slow_prefill(start_proxy, enc):
     assert text.count("event: ping") >= 3 and text.index("event: ping") < text.index(
         "content_block_start"
     )
-    assert '"text": "late"' in text and text.rstrip().endswith('data: {"type": "message_stop"}')
+    assert '"text":"late"' in text and text.rstrip().endswith('data: {"type":"message_stop"}')
     assert proxy.records()[0].timings["queue"] < 0.05, "it was not waiting for a replica"
