@@ -32,32 +32,38 @@ MIN_BYTES = 64 * 1024
 
 
 class BodyMemo:
-    """One session's last large request body (see the module docstring)."""
+    """One session's last large request bodies (see the module docstring). Two are kept so
+    that a side call (a sub-agent, a title request) does not evict the main conversation;
+    bodies under :data:`MIN_BYTES` are parsed whole and evict nothing."""
 
-    __slots__ = ("body", "cut", "head", "messages")
+    __slots__ = ("entries", "keep")
 
-    def __init__(self) -> None:
-        self.body = b""
-        self.cut = 0
-        """Bytes of ``body`` up to and including its last message (0: nothing to reuse)."""
-        self.head: dict = {}
-        """The top-level members before ``messages``."""
-        self.messages: list = []
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self.entries: list[tuple[bytes, int, dict, list]] = []
+        """Most recent first: (body, cut, head, messages). ``cut``: bytes of ``body`` up
+        to and including its last message; ``head``: its top-level members before
+        ``messages``; ``messages``: its parsed messages."""
 
     def loads(self, raw: bytes) -> object:
         """``raw`` parsed as JSON (raises ValueError like ``orjson.loads``)."""
-        if self.cut and len(raw) > self.cut and raw.startswith(memoryview(self.body)[: self.cut]):
-            body = self._extend(raw)
-            if body is not None:
-                return body
+        for entry in self.entries:
+            stored, cut = entry[0], entry[1]
+            if len(raw) > cut and raw.startswith(memoryview(stored)[:cut]):
+                body = self._extend(entry, raw)
+                if body is not None:
+                    return body
         body = _loads(raw)
-        self._remember(raw, body)
+        entry = _locate(raw, body)
+        if entry is not None:
+            self._keep(entry)
         return body
 
-    def _extend(self, raw: bytes) -> dict | None:
-        """The body from the remembered prefix and a parse of the rest, or None."""
+    def _extend(self, entry: tuple, raw: bytes) -> dict | None:
+        """The body from an entry's prefix and a parse of the rest, or None."""
+        _, cut, head, messages = entry
         try:
-            tail = raw[self.cut :].decode()
+            tail = raw[cut:].decode()
             ends, close = _elements(tail, 0)
             new = _loads("[" + tail[tail.index(",") + 1 : ends[-1]] + "]") if ends else []
             after = _members(tail, close + 1)
@@ -65,35 +71,35 @@ class BodyMemo:
             return None
         if len(new) != len(ends) or "messages" in after:
             return None
-        messages = self.messages + new
-        body = {**self.head, "messages": messages, **after}
-        if ends:
-            self._keep(raw, self.cut + len(tail[: ends[-1]].encode()), self.head, messages)
-        else:
-            self.body = raw
-        return body
+        if new:
+            messages = messages + new
+            cut += len(tail[: ends[-1]].encode())
+        self.entries.remove(entry)
+        self._keep((raw, cut, head, messages))
+        return {**head, "messages": messages, **after}
 
-    def _remember(self, raw: bytes, body: object) -> None:
-        """Locate the messages of a body parsed whole, to extend it next time."""
-        self.cut = 0
-        if len(raw) < MIN_BYTES or not isinstance(body, dict):
-            return
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return
-        try:
-            text = raw.decode()
-            keys, end = _messages_end(text)
-        except ValueError:
-            return
-        if end is None or len(set(keys)) != len(keys):  # duplicate members: parse whole
-            return
-        head = {k: body[k] for k in keys[: keys.index("messages")]}
-        cut = end if text.isascii() else len(text[:end].encode())
-        self._keep(raw, cut, head, messages)
+    def _keep(self, entry: tuple) -> None:
+        self.entries.insert(0, entry)
+        del self.entries[self.keep :]
 
-    def _keep(self, raw: bytes, cut: int, head: dict, messages: list) -> None:
-        self.body, self.cut, self.head, self.messages = raw, cut, head, messages
+
+def _locate(raw: bytes, body: object) -> tuple | None:
+    """An entry for a large body parsed whole (None if it has no messages to extend)."""
+    if len(raw) < MIN_BYTES or not isinstance(body, dict):
+        return None
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    try:
+        text = raw.decode()
+        keys, end = _messages_end(text)
+    except ValueError:
+        return None
+    if end is None or len(set(keys)) != len(keys):  # duplicate members: parse whole
+        return None
+    head = {k: body[k] for k in keys[: keys.index("messages")]}
+    cut = end if text.isascii() else len(text[:end].encode())
+    return raw, cut, head, messages
 
 
 def _ws(text: str, i: int) -> int:

@@ -153,13 +153,15 @@ Converter = Callable[[object, int], list[dict]]
 
 
 class ConversionMemo:
-    """One session's last request: its raw messages and what they converted to.
+    """One session's last requests (``keep`` conversations): raw messages and what they
+    converted to.
 
     An agent's next call repeats all earlier messages and adds a few. When a request's raw
     messages start with exactly the stored ones, their converted messages are reused (the
     same objects, which also lets :class:`~gyre_env.proxy.sessions.Session` reuse their
     keys by identity) and only the new ones are converted, so parsing costs one C-level
-    comparison of the old messages rather than Python work per message.
+    comparison of the old messages rather than Python work per message. Two conversations
+    are kept so that a side call (a sub-agent, a title request) does not evict the main one.
 
     Exactness: ``==`` on JSON values is exact for strings, null, lists and objects (key
     order aside, which message keys ignore too) but loose for numbers and booleans
@@ -167,39 +169,45 @@ class ConversionMemo:
     also compared as serialized bytes, so an edited message is never taken as repeated.
     """
 
-    __slots__ = ("raw", "out", "ends", "loose")
+    __slots__ = ("entries", "keep")
 
-    def __init__(self) -> None:
-        self.raw: list = []
-        self.out: list[dict] = []
-        self.ends: list[int] = []
-        """``ends[j]``: how many converted messages ``raw[: j + 1]`` gave."""
-        self.loose: list[int] = []
-        """Indices of stored raw messages holding numbers or booleans."""
-
-    def _repeated(self, raw: list) -> int:
-        """How many leading raw messages are the stored ones (all of them, or 0)."""
-        n = len(self.raw)
-        if not n or len(raw) < n or raw[:n] != self.raw:
-            return 0
-        for j in self.loose:
-            if raw[j] is not self.raw[j] and json_bytes(raw[j]) != json_bytes(self.raw[j]):
-                return 0
-        return n
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self.entries: list[tuple[list, list[dict], list[int], list[int]]] = []
+        """Most recent first: (raw messages, converted messages, ``ends``, ``loose``);
+        ``ends[j]`` is how many converted messages ``raw[: j + 1]`` gave, ``loose`` the
+        indices of raw messages holding numbers or booleans."""
 
     def convert(self, raw: list, one: Converter) -> list[dict]:
         """The converted messages of ``raw`` (a new list), remembering them for next time."""
-        n = self._repeated(raw)
-        out = self.out[: self.ends[n - 1]] if n else []
-        ends, loose = self.ends[:n], [j for j in self.loose if j < n]
+        n, out, ends, loose, old_raw = 0, [], [], [], []
+        for entry in self.entries:
+            n = _repeated(entry, raw)
+            if n:
+                self.entries.remove(entry)
+                old_raw, old_out, old_ends, old_loose = entry
+                out, ends, loose = old_out[: old_ends[n - 1]], old_ends[:n], list(old_loose)
+                break
         for k in range(n, len(raw)):
             out += one(raw[k], k)
             ends.append(len(out))
             if _has_scalars(raw[k]):
                 loose.append(k)
-        self.raw = self.raw + raw[n:] if n else raw
-        self.out, self.ends, self.loose = list(out), ends, loose
+        self.entries.insert(0, (old_raw + raw[n:] if n else raw, list(out), ends, loose))
+        del self.entries[self.keep :]
         return out
+
+
+def _repeated(entry: tuple, raw: list) -> int:
+    """How many leading raw messages are the entry's (all of them, or 0)."""
+    stored, _, _, loose = entry
+    n = len(stored)
+    if not n or len(raw) < n or raw[:n] != stored:
+        return 0
+    for j in loose:
+        if raw[j] is not stored[j] and json_bytes(raw[j]) != json_bytes(stored[j]):
+            return 0
+    return n
 
 
 def convert_messages(raw: list, one: Converter, memo: ConversionMemo | None) -> list[dict]:

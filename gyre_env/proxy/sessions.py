@@ -263,9 +263,10 @@ class Session:
     memos: dict = field(default_factory=dict)
     """API name -> :class:`ConversionMemo`, ``("body", api)`` -> :class:`BodyMemo`, of the
     session's last request."""
-    last_keys: tuple = ((), (), (), "")
-    """(messages, keys, chain, tools) of the last request matched, to reuse the keys and
-    chain of messages that are the very same objects (see :meth:`keys_and_chain`)."""
+    last_keys: list = field(default_factory=list)
+    """(messages, keys, chain, tools) of the last two requests matched, most recent first,
+    to reuse the keys and chain of messages that are the very same objects (see
+    :meth:`keys_and_chain`)."""
 
     def memo(self, api: str) -> ConversionMemo:
         """The conversion memo of this session's requests in ``api``."""
@@ -288,16 +289,20 @@ class Session:
         :class:`ConversionMemo` reused them) keep that request's keys and chain: the cost
         is a pointer comparison per earlier message, and later comparisons of these keys
         with the session's stored ones (the same objects) are pointer comparisons too."""
-        old_msgs, old_keys, old_chain, old_blob = self.last_keys
-        n = len(old_msgs)
-        if n and len(messages) >= n and old_blob == blob and all(map(is_, messages, old_msgs)):
-            new_keys = [message_key(m) for m in messages[n:]]
-            keys = old_keys + new_keys
-            chain = extend_signature_chain(old_chain[:], new_keys)
+        for entry in self.last_keys:
+            old_msgs, old_keys, old_chain, old_blob = entry
+            n = len(old_msgs)
+            if n and len(messages) >= n and old_blob == blob and all(map(is_, messages, old_msgs)):
+                self.last_keys.remove(entry)
+                new_keys = [message_key(m) for m in messages[n:]]
+                keys = old_keys + new_keys
+                chain = extend_signature_chain(old_chain[:], new_keys)
+                break
         else:
             keys = [message_key(m) for m in messages]
             chain = signature_chain(keys, blob)
-        self.last_keys = (messages, keys, chain, blob)
+        self.last_keys.insert(0, (messages, keys, chain, blob))
+        del self.last_keys[2:]
         return keys, chain
 
     def plan(
@@ -315,7 +320,8 @@ class Session:
     def match(self, messages: list[dict], tools: list[dict] | None, role: BranchRole) -> Match:
         """The cheap half of :meth:`plan`: find the call this request extends (or repeats)."""
         blob = tools_blob(tools)
-        keys, hashes = self.keys_and_chain(messages, blob)
+        with self.lock:
+            keys, hashes = self.keys_and_chain(messages, blob)
         m = Match(messages=messages, tools=tools, role=role, keys=keys, blob=blob, hashes=hashes)
         with self.lock:
             for node in reversed(self.by_prompt.get(hashes[-1], ())):

@@ -83,8 +83,21 @@ def test_odd_tails_give_what_a_whole_parse_gives(tail):
 def test_small_and_unusual_bodies_are_not_remembered():
     memo = BodyMemo()
     memo.loads(json.dumps(_body([{"role": "user", "content": "hi"}])).encode())
-    assert memo.cut == 0
+    assert memo.entries == []
     raw = b'{"model": "a", "model": "b", "messages": ' + json.dumps(_history()).encode() + b"}"
     memo.loads(raw)
-    assert memo.cut == 0  # duplicate members
+    assert memo.entries == []  # duplicate members
     assert memo.loads(b"[1, 2]") == [1, 2]
+
+
+def test_a_side_call_does_not_evict_the_main_conversation():
+    memo = BodyMemo()
+    main, side = _history(), _history()
+    side[1]["content"] = "a sub-agent's task"
+    first = memo.loads(json.dumps(_body(main)).encode())
+    memo.loads(json.dumps(_body(side)).encode())
+    memo.loads(json.dumps(_body([{"role": "user", "content": "title?"}])).encode())  # small
+    main.append({"role": "user", "content": "go on"})
+    raw = json.dumps(_body(main)).encode()
+    again = memo.loads(raw)
+    assert again == orjson.loads(raw) and again["messages"][0] is first["messages"][0]

@@ -179,3 +179,11 @@ def test_a_retained_prompt_list_is_never_changed(start_proxy, enc):
     assert [r.prompt_ids for r in keep.records] == engine.prompts
     first = keep.records[1]
     assert keep.records[2].prefix_len == len(first.prompt_ids) + len(first.output_ids)
+
+
+def test_a_side_conversation_does_not_evict_the_main_one():
+    memo = ConversionMemo()
+    first = _parse(_history(), memo)
+    _parse([{"role": "user", "content": "a title for this chat?"}], memo)
+    again = _parse(_history() + [{"role": "user", "content": "go on"}], memo)
+    assert all(a is b for a, b in zip(first, again, strict=False))
