@@ -189,11 +189,35 @@ def run_bench(cfg: BenchConfig) -> BenchRun:
     summary = summarize(results, wall)
     payload = {"config": asdict(cfg), "summary": summary, "results": [r.to_dict() for r in results]}
     (out / "results.json").write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
+    if service is not None:
+        _write_episodes(results, out / "episodes.jsonl", run=out.name)
     write_html(results, summary, out / "report.html", title=f"gyre bench {cfg.env_id} {agent.name}")
     print(format_table(results))
     print(format_summary(summary))
     print(f"results: {out / 'results.json'}  report: {out / 'report.html'}")
     return BenchRun(results=results, summary=summary, out_dir=out)
+
+
+def _write_episodes(results: list[EpisodeResult], path: Path, run: str) -> None:
+    """One ``EpisodeInfo`` per attempt beside records.jsonl, so token trees group the
+    repeats of a task as one GRPO group (``trees_from_jsonl(records, episodes)``)."""
+    from gyre_env.trajectory.tree import EpisodeInfo
+
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in results:
+            for session in r.retried_sessions:
+                info = EpisodeInfo(session=session, run=run, task=r.task_id, outcome="infra_error")
+                fh.write(json.dumps(info.to_dict()) + "\n")
+            if r.session:
+                info = EpisodeInfo(
+                    session=r.session,
+                    run=run,
+                    task=r.task_id,
+                    group=r.task_id,
+                    outcome=r.outcome,
+                    reward=r.score if r.score is not None else 0.0,
+                )
+                fh.write(json.dumps(info.to_dict()) + "\n")
 
 
 def _open_store(path: str | None):

@@ -184,6 +184,16 @@ def test_langgraph_through_an_upstream_passthrough(tmp_path):
     assert len(records) == result["model_calls"] == 2
     assert {r.session for r in records} == {"micro-lru-cache.0"}
     from gyre_env.trajectory.store import TrajectoryStore
+    from gyre_env.trajectory.tree import read_episodes_jsonl
+
+    # episodes.jsonl says which records form a group (a task's repeats) and how they ended
+    [info] = read_episodes_jsonl(out / "episodes.jsonl")
+    assert (info.session, info.group, info.outcome, info.reward) == (
+        "micro-lru-cache.0",
+        "micro-lru-cache",
+        "success",
+        1.0,
+    )
 
     store = TrajectoryStore(tmp_path / "store.db", readonly=True)
     [episode] = store.episodes(run="pt")
