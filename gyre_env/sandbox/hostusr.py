@@ -79,8 +79,10 @@ def image_env() -> dict[str, str]:
         "/sbin",
         "/bin",
     ]
-    if python_bin not in path:
-        path.insert(0, python_bin)
+    # In a virtualenv, tools of the base interpreter (a system-site ruff) sit in its bin.
+    for folder in (os.path.join(sys.base_prefix, "bin"), python_bin):
+        if folder not in path:
+            path.insert(0, folder)
     return {
         "PATH": ":".join(path),
         "LANG": "C.UTF-8",
