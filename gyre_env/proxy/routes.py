@@ -124,8 +124,9 @@ class Routes:
                 self.config, request.headers, request.path_params.get("session")
             )
             state = self.core.sessions.get(session)
-            body = await self.read_json(request, state.body_memo(api))
-            req = _APIS[api].parse_request(body, state.memo(api))
+            again = state.calls > 0  # memos pay off from a session's second call on
+            body = await self.read_json(request, state.body_memo(api) if again else None)
+            req = _APIS[api].parse_request(body, state.memo(api) if again else None)
             prep = await self.core.prepare(req, session, dict(request.headers))
         except RequestError as err:
             return self.error(api, err)

@@ -15,7 +15,6 @@ is appended after them (:meth:`ChatRenderer.closing_after`).
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -257,9 +256,6 @@ class Session:
     by_prompt: dict = field(default_factory=dict)
     """prompt hash -> calls with exactly that prompt (oldest first)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
-    tip: tuple | None = None
-    """(last committed node, its prompt list), which :meth:`_full_ids` may extend in place
-    for the next call (costs one pointer per token of the session's last prompt)."""
     memos: dict = field(default_factory=dict)
     """API name -> :class:`ConversionMemo`, ``("body", api)`` -> :class:`BodyMemo`, of the
     session's last request."""
@@ -301,8 +297,9 @@ class Session:
         else:
             keys = [message_key(m) for m in messages]
             chain = signature_chain(keys, blob)
-        self.last_keys.insert(0, (messages, keys, chain, blob))
-        del self.last_keys[2:]
+        if self.calls:  # a session's first call is often its only one (keep no state)
+            self.last_keys.insert(0, (messages, keys, chain, blob))
+            del self.last_keys[2:]
         return keys, chain
 
     def plan(
@@ -363,7 +360,7 @@ class Session:
             mismatch = exact != delta
             delta = exact if exact is not None else delta
         suffix = renderer.encode(node.closing + delta)
-        ids = self._full_ids(node)  # a list no one else holds: it becomes the prompt
+        ids = node.full_ids()  # a new list: it becomes the prompt
         prefix_len = len(ids)
         ids += suffix
         with self.lock:
@@ -396,27 +393,6 @@ class Session:
                     if node.reply == reply and node.has_prompt(keys[: i - 1], blob):
                         return node, i
         return None, 0
-
-    def _full_ids(self, node: Node) -> list[int]:
-        """``node``'s prompt+output ids as a list that only the caller holds.
-
-        Where ``node`` is the session's last call and nothing kept its prompt list (the
-        engine and the record sink are done with it: CPython's reference count says so
-        exactly), that list is extended in place with the node's output, so an agent's
-        next turn costs its new tokens rather than a copy of its whole context. Otherwise
-        (a retained record, a branch off an older call) the ids are copied."""
-        with self.lock:
-            tip = self.tip
-            if tip is None or tip[0] is not node:
-                return node.full_ids()
-            self.tip = None
-        ids = tip[1]
-        del tip
-        # two references: ``ids`` and getrefcount's argument; any more is someone else's
-        if sys.getrefcount(ids) == 2 and len(ids) == node.n_prompt:
-            ids += node.id_seg[node.n_prompt - node.prefix_len :]
-            return ids
-        return node.full_ids()
 
     def _new_branch(self) -> str:
         """A fresh branch id; the caller holds the lock."""
@@ -458,7 +434,6 @@ class Session:
             prefix_len=plan.prefix_len,
         )
         with self.lock:
-            self.tip = (node, plan.prompt_ids)
             self.nodes[call_index] = node
             self.by_prompt.setdefault(node.prompt_hash, []).append(node)
             while len(self.nodes) > self.max_nodes:

@@ -127,60 +127,6 @@ def test_an_edited_history_never_extends_a_call(start_proxy, enc):
     assert proxy.core.metrics.render_mismatches == 0
 
 
-class _KeepingSink:
-    """A sink that keeps every record (and so every prompt list) it is given."""
-
-    def __init__(self):
-        self.records = []
-
-    def write(self, record) -> None:
-        self.records.append(record)
-
-    def close(self) -> None:
-        pass
-
-
-def _turns(proxy, session: str, n: int) -> None:
-    url = proxy.openai_base_url(session) + "/chat/completions"
-    msgs = [{"role": "user", "content": "word " * 300}]
-    for turn in range(n):
-        r = httpx.post(url, json={"model": "m", "messages": msgs}, timeout=30)
-        assert r.status_code == 200, r.text
-        msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": f"next {turn}"}]
-
-
-def test_the_last_prompt_list_is_extended_in_place_when_no_one_holds_it(start_proxy, enc):
-    """The next turn's prompt is the previous turn's list, extended (no 128k-id copy)."""
-    seen = []  # (id, length) of each prompt list the engine got; it keeps no reference
-
-    def script(prompt_ids, params):
-        seen.append((id(prompt_ids), len(prompt_ids)))
-        return enc("fine<|im_end|>")
-
-    engine = ScriptedEngine(script, record_prompts=False)
-    proxy = start_proxy([engine], verify_render=False)
-    _turns(proxy, "tip", 3)
-    assert seen[1][0] == seen[2][0] and seen[2][1] > seen[1][1]  # the same list, longer
-    records = proxy.records()
-    assert [r.parent for r in records] == [None, 0, 1]
-    assert records[2].prompt_ids[: records[2].prefix_len] == (
-        records[1].prompt_ids + records[1].output_ids
-    )
-
-
-def test_a_retained_prompt_list_is_never_changed(start_proxy, enc):
-    """A sink that keeps its records keeps their prompts exactly as sent: the proxy sees
-    the extra reference and copies instead of extending in place."""
-    engine = ScriptedEngine([enc("fine<|im_end|>")])
-    proxy = start_proxy([engine], verify_render=False)
-    keep = _KeepingSink()
-    proxy.core.sink = keep
-    _turns(proxy, "kept", 3)
-    assert [r.prompt_ids for r in keep.records] == engine.prompts
-    first = keep.records[1]
-    assert keep.records[2].prefix_len == len(first.prompt_ids) + len(first.output_ids)
-
-
 def test_a_side_conversation_does_not_evict_the_main_one():
     memo = ConversionMemo()
     first = _parse(_history(), memo)
