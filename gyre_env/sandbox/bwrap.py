@@ -16,7 +16,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -134,7 +133,6 @@ class BwrapSandbox(ShellSandbox):
         self.id = f"gyre-bwrap-{uuid.uuid4().hex[:12]}"
         self.workspace = WORKSPACE
         self._closed = False
-        self._close_lock = threading.Lock()
         self.host_dir = tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{os.getpid()}-")
         os.makedirs(os.path.join(self.host_dir, "workspace"))
         self.cgroup = _try_cgroup(self.id, self.config)
@@ -212,14 +210,7 @@ class BwrapSandbox(ShellSandbox):
     def _oom_kills(self) -> int:
         return self.cgroup.oom_kills() if self.cgroup is not None else 0
 
-    def close(self) -> None:
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-        shell = getattr(self, "shell", None)
-        if shell is not None:
-            shell.close()
+    def _release(self) -> None:
         if self.cgroup is not None:
             self.cgroup.destroy()
         shutil.rmtree(self.host_dir, ignore_errors=True)

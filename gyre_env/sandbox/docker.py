@@ -64,7 +64,6 @@ class DockerSandbox(ShellSandbox):
         self.workspace = WORKSPACE
         self.id = f"gyre-{uuid.uuid4().hex[:12]}"
         self._closed = False
-        self._close_lock = threading.Lock()
         _reap_once()
         self.container = self._create()
         lifecycle.track(self)
@@ -166,14 +165,7 @@ class DockerSandbox(ShellSandbox):
         except Exception:
             return False
 
-    def close(self) -> None:
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-        shell = getattr(self, "shell", None)
-        if shell is not None:
-            shell.close()
+    def _release(self) -> None:
         try:
             self.container.remove(force=True)
         except Exception as e:

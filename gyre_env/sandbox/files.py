@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import tarfile
+import threading
 from pathlib import Path
 
 from gyre_env.sandbox.base import (
@@ -115,11 +116,12 @@ class ShellFileOps:
 class ShellSandbox(ShellFileOps):
     """Base of the backends: ``exec`` through the persistent shell, OOM reporting, the
     proxy route, and context-manager use. Subclasses start ``self.shell`` and define
-    ``close``; those with a memory cgroup override ``_oom_kills``."""
+    ``_release`` (what closing frees); those with a memory cgroup override ``_oom_kills``."""
 
     id: str
     config: SandboxConfig
     _closed: bool = False
+    _close_lock = threading.Lock()  # closing is rare: one lock for all sandboxes is enough
 
     def exec(self, cmd: str, timeout: float = 60.0, cwd: str | None = None, env=None) -> ExecResult:
         if self._closed:
@@ -150,6 +152,20 @@ class ShellSandbox(ShellFileOps):
 
     def alive(self) -> bool:
         return not self._closed and self.shell.alive
+
+    def close(self) -> None:
+        """Free everything the sandbox holds. Idempotent and thread-safe."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        shell = getattr(self, "shell", None)  # absent when the start failed before it
+        if shell is not None:
+            shell.close()
+        self._release()
+
+    def _release(self) -> None:
+        """Backend resources beyond the shell (container, cgroup, workspace folder)."""
 
     def __enter__(self):
         return self

@@ -43,9 +43,5 @@ class LocalSandbox(ShellSandbox):
             popen_kwargs={"start_new_session": True, "cwd": self.workspace},
         )
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self.shell.close()
+    def _release(self) -> None:
         shutil.rmtree(self.workspace, ignore_errors=True)

@@ -24,7 +24,6 @@ import selectors
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 
 from gyre_env.sandbox.base import (
     DEFAULT_OUTPUT_LIMIT,
@@ -108,7 +107,6 @@ class PersistentShell:
         workdir: str,
         env: dict[str, str] | None = None,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
-        kill_hook: Callable[[], None] | None = None,
         start_timeout: float = 60.0,
         popen_kwargs: dict | None = None,
         signal_is_fatal: bool = False,
@@ -119,7 +117,6 @@ class PersistentShell:
         self.output_limit = output_limit
         self.start_timeout = start_timeout
         self._popen_kwargs = popen_kwargs or {}
-        self._kill_hook = kill_hook
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._closed = False
@@ -344,16 +341,6 @@ class PersistentShell:
             shell_restarted=restarted,
             oom_killed=False,
         )
-
-    def _kill_job(self, pgid: int | None) -> None:
-        if pgid is not None:
-            try:
-                self._proc.stdin.write(f"kill -KILL -{pgid} 2>/dev/null\n".encode())
-                return
-            except OSError:
-                pass
-        if self._kill_hook is not None:
-            self._kill_hook()
 
     def _shell_died(self, start, out, err, timed_out=False) -> ExecResult:
         """The shell exited mid-command (the command killed it, or the sandbox died)."""
