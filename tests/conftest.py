@@ -44,3 +44,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if in_ci():
             pytest.fail(f"CI must provide {what} for tests marked {marker!r}", pytrace=False)
         pytest.skip(f"needs {what}")
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """The built-in tiny model's tokenizer (built locally on first use)."""
+    from gyre_env.engines.tiny import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def enc(tok):
+    """Text -> token ids with no special tokens added, as the proxy tokenizes suffixes."""
+
+    def encode(text: str) -> list[int]:
+        return tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+
+    return encode

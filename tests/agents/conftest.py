@@ -12,21 +12,7 @@ import json
 import pytest
 from gyre_env.agents.serving import ModelService, ModelServiceConfig
 
-from gyre_env.engines.tiny import load_tokenizer
 from gyre_env.proxy.scripted import ScriptedEngine
-
-
-@pytest.fixture(scope="session")
-def tok():
-    return load_tokenizer()
-
-
-@pytest.fixture(scope="session")
-def enc(tok):
-    def encode(text: str) -> list[int]:
-        return tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
-
-    return encode
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-from gyre_env.engines.tiny import load_tokenizer
 from gyre_env.proxy.records import JsonlSink, read_jsonl
 from gyre_env.proxy.server import ProxyConfig, ProxyServer
 
@@ -30,19 +29,6 @@ BASH_TOOL = {
 @pytest.fixture
 def bash_tool() -> dict:
     return BASH_TOOL
-
-
-@pytest.fixture(scope="session")
-def tok():
-    return load_tokenizer()
-
-
-@pytest.fixture(scope="session")
-def enc(tok):
-    def encode(text: str) -> list[int]:
-        return tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
-
-    return encode
 
 
 class Started:
