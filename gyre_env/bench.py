@@ -176,6 +176,7 @@ def run_bench(cfg: BenchConfig) -> BenchRun:
                 env_kwargs=env_kwargs,
                 reset_options={"task_id": task.id},
                 seed=cfg.seed + k,
+                group=task.id,  # a task's repeats form one GRPO group
             )
             for k in range(cfg.repeats)
             for task in tasks
@@ -190,7 +191,7 @@ def run_bench(cfg: BenchConfig) -> BenchRun:
     payload = {"config": asdict(cfg), "summary": summary, "results": [r.to_dict() for r in results]}
     (out / "results.json").write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
     if service is not None:
-        _write_episodes(results, out / "episodes.jsonl", run=out.name)
+        _write_episodes(results, out / "episodes.jsonl", run=cfg.run or out.name)
     write_html(results, summary, out / "report.html", title=f"gyre bench {cfg.env_id} {agent.name}")
     print(format_table(results))
     print(format_summary(summary))
@@ -199,24 +200,11 @@ def run_bench(cfg: BenchConfig) -> BenchRun:
 
 
 def _write_episodes(results: list[EpisodeResult], path: Path, run: str) -> None:
-    """One ``EpisodeInfo`` per attempt beside records.jsonl, so token trees group the
-    repeats of a task as one GRPO group (``trees_from_jsonl(records, episodes)``)."""
-    from gyre_env.trajectory.tree import EpisodeInfo
-
+    """One ``EpisodeInfo`` per attempt beside records.jsonl, the same ones the store gets,
+    so token trees group the repeats of a task as one GRPO group."""
     with open(path, "w", encoding="utf-8") as fh:
         for r in results:
-            for session in r.retried_sessions:
-                info = EpisodeInfo(session=session, run=run, task=r.task_id, outcome="infra_error")
-                fh.write(json.dumps(info.to_dict()) + "\n")
-            if r.session:
-                info = EpisodeInfo(
-                    session=r.session,
-                    run=run,
-                    task=r.task_id,
-                    group=r.task_id,
-                    outcome=r.outcome,
-                    reward=r.score if r.score is not None else 0.0,
-                )
+            for info in r.episode_infos(run):
                 fh.write(json.dumps(info.to_dict()) + "\n")
 
 

@@ -84,6 +84,8 @@ class EpisodeSpec:
     reset_options: dict = field(default_factory=dict)
     """``options`` of ``reset`` (e.g. ``{"task_id": ...}``)."""
     seed: int | None = None
+    group: str = ""
+    """GRPO group: the attempts of one task in one iteration share it (empty: its own)."""
 
 
 @dataclass(kw_only=True)
@@ -92,6 +94,8 @@ class EpisodeResult:
 
     episode_id: str
     task_id: str = ""
+    group: str = ""
+    """The spec's GRPO group."""
     agent: str = ""
     session: str = ""
     """The proxy session of the final attempt (its model calls' ``CallRecord.session``)."""
@@ -126,6 +130,37 @@ class EpisodeResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def episode_infos(self, run: str = ""):
+        """The ``EpisodeInfo``s of this result's attempts, as training reads them: retried
+        attempts as ``infra_error`` (never trained on), the final one with its outcome,
+        score and the step rewards after each model call. The one place they are built."""
+        from gyre_env.trajectory.tree import EpisodeInfo
+
+        infos = [
+            EpisodeInfo(
+                session=s, run=run, task=self.task_id, group=self.group, outcome="infra_error"
+            )
+            for s in self.retried_sessions
+        ]
+        if self.session:  # empty: cancelled before it started, nothing was recorded
+            steps: dict[int, float] = {}
+            for step in self.trace:
+                if step.get("after_call") is not None:
+                    call = step["after_call"]
+                    steps[call] = steps.get(call, 0.0) + step["reward"]
+            infos.append(
+                EpisodeInfo(
+                    session=self.session,
+                    run=run,
+                    task=self.task_id,
+                    group=self.group,
+                    outcome=self.outcome,
+                    reward=self.score if self.score is not None else 0.0,
+                    step_rewards=steps,
+                )
+            )
+        return infos
 
 
 class ResultSink(Protocol):
@@ -164,26 +199,13 @@ class StoreResultSink:
     def __init__(self, store, *, run: str = "", close_store: bool = False):
         self.store, self.run, self.close_store = store, run, close_store
 
-    def begin(self, session: str, task_id: str) -> None:
-        """Register an attempt's session before its calls arrive (run and task columns)."""
-        self.store.begin_episode(session=session, run=self.run, task=task_id)
+    def begin(self, session: str, task_id: str, group: str = "") -> None:
+        """Register an attempt's session before its calls arrive (run, task, group)."""
+        self.store.begin_episode(session=session, run=self.run, task=task_id, group=group)
 
     def write(self, result: EpisodeResult) -> None:
-        for session in result.retried_sessions:
-            self.store.finish_episode(session=session, outcome="infra_error")
-        if not result.session:
-            return  # cancelled before it started: nothing was recorded
-        self.store.begin_episode(session=result.session, run=self.run, task=result.task_id)
-        steps: dict[int, float] = {}
-        for step in result.trace:
-            if step.get("after_call") is not None:
-                steps[step["after_call"]] = steps.get(step["after_call"], 0.0) + step["reward"]
-        self.store.finish_episode(
-            session=result.session,
-            outcome=result.outcome,
-            reward=result.score if result.score is not None else 0.0,
-            step_rewards=steps,
-        )
+        for info in result.episode_infos(self.run):
+            self.store.add_episode(info)
 
     def close(self) -> None:
         if self.close_store:
@@ -196,10 +218,10 @@ class MultiSink:
     def __init__(self, *sinks: ResultSink):
         self.sinks = sinks
 
-    def begin(self, session: str, task_id: str) -> None:
+    def begin(self, session: str, task_id: str, group: str = "") -> None:
         for sink in self.sinks:
             if hasattr(sink, "begin"):
-                sink.begin(session, task_id)
+                sink.begin(session, task_id, group)
 
     def write(self, result: EpisodeResult) -> None:
         for sink in self.sinks:
@@ -318,6 +340,7 @@ class Runner:
             if self._cancel.is_set():
                 result = EpisodeResult(
                     episode_id=spec.episode_id,
+                    group=spec.group,
                     agent=self.agent.name,
                     outcome="cancelled",
                     end_reason=EndReason.CANCELLED.value,
@@ -340,7 +363,9 @@ class Runner:
 
     def _attempt(self, spec: EpisodeSpec, attempt: int) -> EpisodeResult:
         session = spec.episode_id if attempt == 1 else f"{spec.episode_id}.r{attempt - 1}"
-        result = EpisodeResult(episode_id=spec.episode_id, agent=self.agent.name, session=session)
+        result = EpisodeResult(
+            episode_id=spec.episode_id, agent=self.agent.name, session=session, group=spec.group
+        )
         clock = EpisodeClock(self.waterlevel)
         self.waterlevel.add_running(1)
         env = ctx = None
@@ -348,7 +373,7 @@ class Runner:
             env, ctx = self._start(spec, session, clock)
             result.task_id = ctx.task_id
             if hasattr(self.sink, "begin"):  # e.g. the trajectory store: before any call
-                self.sink.begin(session, ctx.task_id)
+                self.sink.begin(session, ctx.task_id, spec.group)
             agent_result = self._play(ctx)
             self._settle(ctx, agent_result, result)
         except _InfraFailure as e:

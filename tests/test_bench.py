@@ -235,3 +235,28 @@ def test_rollouts_example_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "episodes 2, completed 2, valid 2" in proc.stdout
     assert len((tmp_path / "out" / "results.jsonl").read_text().splitlines()) == 2
+
+
+def test_store_keeps_a_tasks_repeats_as_one_grpo_group(tmp_path):
+    """``--repeats 2 --store``: both attempts of the task land in one group in the store
+    and in episodes.jsonl, so trees read back from the store give nonzero group structure."""
+    out, db = tmp_path / "bench", tmp_path / "store.db"
+    rc = bench_cli.main(
+        [
+            "--agent", "langgraph", "--tasks", "micro-roman-numerals", "--repeats", "2",
+            "--max-steps", "1", "--max-new-tokens", "8", "--out", str(out),
+            "--store", str(db), "--run", "grp", "--no-progress",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    from gyre_env.trajectory.store import TrajectoryStore
+    from gyre_env.trajectory.tree import read_episodes_jsonl
+
+    with TrajectoryStore(db, readonly=True) as store:
+        episodes = store.episodes(run="grp")
+        assert {e.group for e in episodes} == {"micro-roman-numerals"}
+        assert store.stats(run="grp").groups == 1
+        [tree] = store.trees(run="grp")
+        assert set(tree.episodes) == {"micro-roman-numerals.0", "micro-roman-numerals.1"}
+    groups = {i.session: i.group for i in read_episodes_jsonl(out / "episodes.jsonl")}
+    assert groups == {e.session: e.group for e in episodes}

@@ -176,8 +176,13 @@ class TrajectoryStore:
     ) -> None:
         """Register an episode before its calls arrive (calls of an unknown session
         register it from ``record.extra``)."""
+        # A call that arrived first registered the session from its ``extra``; what the
+        # runner says wins where that left a column empty.
         self._write(
-            "INSERT OR IGNORE INTO episodes VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO episodes VALUES (?, ?, ?, ?, ?) ON CONFLICT(session) DO UPDATE SET "
+            "run = CASE WHEN run = '' THEN excluded.run ELSE run END, "
+            "task = CASE WHEN task = '' THEN excluded.task ELSE task END, "
+            "grp = CASE WHEN grp = '' THEN excluded.grp ELSE grp END",
             (session, run, task, group, time.time()),
         )
 
