@@ -45,6 +45,9 @@ class PackedTree:
     """[n] float32 weight-averaged advantage of the calls that sampled the token."""
     weights: np.ndarray
     """[n] float32 sum of the role weights of those calls (0 where no loss)."""
+    seq_weights: np.ndarray
+    """[n] float32 sum over those calls of role weight / the call's sampled length: the
+    coefficients of a sequence-level (per-call mean) loss."""
     behaviour_logprobs: np.ndarray
     """[n] float32 logprob under the sampling policy (0 for prompt tokens)."""
     weight_versions: np.ndarray
@@ -192,13 +195,14 @@ def _entry_arrays(
     n = len(node)
     parent_index = np.arange(offset - 1, offset + n - 1, dtype=np.int64)
     parent_index[0] = parent_last
-    weight, adv = 0.0, 0.0
+    weight, adv, seq_weight = 0.0, 0.0, 0.0
     if e.loss and node.sampled:
-        for session, _call, role in node.samplers:
+        for session, call, role in node.samplers:
             if session in e.part.advantages:
                 w = role_weights[role]
                 weight += w
                 adv += w * e.part.advantages[session]
+                seq_weight += w / max(e.part.tree.output_len.get((session, call), n), 1)
         adv = adv / weight if weight else 0.0
     loss = np.full(n, weight > 0)
     loss &= parent_index >= 0
@@ -209,6 +213,7 @@ def _entry_arrays(
         "loss_mask": loss,
         "advantages": np.where(loss, adv, 0.0).astype(np.float32),
         "weights": np.where(loss, weight, 0.0).astype(np.float32),
+        "seq_weights": np.where(loss, seq_weight, 0.0).astype(np.float32),
         "behaviour_logprobs": (
             node.logprobs.astype(np.float32) if node.sampled else np.zeros(n, np.float32)
         ),

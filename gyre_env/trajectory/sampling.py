@@ -21,6 +21,10 @@ The rule
    counted in ``SampleStats.truncated_tokens``; with ``overflow="error"`` it raises.
 5. Episodes whose outcome is in ``exclude_outcomes`` (default ``infra_error``) stay in the
    store but get no loss and are left out of units, except as context shared with others.
+   Timed-out episodes are trained on like any other: their completed calls are stored.
+6. At most ``max_paths_per_episode`` (J_max) root-to-leaf paths of one episode are taken
+   (its main branch first, then its longest other branches), so an episode that spawned
+   many sub-agents or compactions cannot flood a batch.
 
 Weights and advantages: each sampled token's loss coefficient is the sum over the calls
 that sampled it of ``role_weights[role] * advantage(episode)``; advantages are GRPO
@@ -57,6 +61,8 @@ class SampleConfig:
     """Episode outcomes kept in the store but never trained on."""
     overflow: Literal["truncate", "error"] = "truncate"
     """What to do with a single path longer than ``token_budget``."""
+    max_paths_per_episode: int = 5
+    """J_max: most root-to-leaf paths (trajectories) one episode contributes."""
 
     def __post_init__(self) -> None:
         if self.token_budget <= 0:
@@ -67,6 +73,10 @@ class SampleConfig:
         missing = set(ROLES) - set(self.role_weights)
         if missing:
             raise ValueError(f"role_weights is missing roles {sorted(missing)}")
+        if self.max_paths_per_episode < 1:
+            raise ValueError(
+                f"max_paths_per_episode must be >= 1, got {self.max_paths_per_episode}"
+            )
         if self.overflow not in ("truncate", "error"):
             raise ValueError(f"overflow must be 'truncate' or 'error', got {self.overflow!r}")
 
@@ -100,6 +110,8 @@ class SampleStats:
     """Tokens over all units (shared prefixes repeated across units count again)."""
     truncated_tokens: int = 0
     excluded_episodes: int = 0
+    dropped_paths: int = 0
+    """Paths left out because their episodes already gave ``max_paths_per_episode``."""
 
 
 def group_advantages(tree: TokenTree, cfg: SampleConfig) -> dict[str, float]:
@@ -151,7 +163,10 @@ def bounded_samples(
         keep = {n.id for n in tree.nodes[1:] if n.sessions & active}
         depth = tree.depth_tokens()
         assigned: set[int] = set()  # nodes whose loss some unit already carries
-        for leaf in _leaves(tree, keep):
+        leaves = _leaves(tree, keep)
+        chosen = _cap_paths(tree, leaves, active, cfg.max_paths_per_episode)
+        stats.dropped_paths += len(leaves) - len(chosen)
+        for leaf in chosen:
             path = _fit_path(tree, tree.path(leaf), depth, cfg, stats)
             if not path:
                 continue
@@ -180,6 +195,21 @@ def _leaves(tree: TokenTree, keep: set[int]) -> list[int]:
         if i in keep and not any(c in keep for c in tree.nodes[i].children.values()):
             out.append(i)
     return out
+
+
+def _cap_paths(tree: TokenTree, leaves: list[int], active: set[str], cap: int) -> list[int]:
+    """The leaves (in their order) that some episode keeps among its ``cap`` best: main
+    branch first, then longer paths."""
+    depth = tree.depth_tokens()
+    by_session: dict[str, list[int]] = {}
+    for leaf in leaves:
+        for session in tree.nodes[leaf].sessions & active:
+            by_session.setdefault(session, []).append(leaf)
+    kept: set[int] = set()
+    for own in by_session.values():
+        own.sort(key=lambda n: (tree.nodes[n].role != "main", -int(depth[n])))
+        kept.update(own[:cap])
+    return [leaf for leaf in leaves if leaf in kept]
 
 
 def _fit_path(

@@ -138,6 +138,8 @@ class TokenTree:
         self.episodes: dict[str, EpisodeInfo] = {}
         self.call_end: dict[tuple[str, int], int] = {}
         """(session, call_index) -> node where that call's context ends."""
+        self.output_len: dict[tuple[str, int], int] = {}
+        """(session, call_index) -> tokens the call sampled (sequence-level loss weights)."""
         self.parent_mismatches = 0
         """Calls whose ``parent`` claim did not match their prompt (they still branch correctly)."""
 
@@ -160,6 +162,7 @@ class TokenTree:
             segments.append(_Segment(output, True, lp, int(record.weight_version)))
         end = self._insert(segments, record)
         self.call_end[(record.session, record.call_index)] = end
+        self.output_len[(record.session, record.call_index)] = len(output)
         reward = self.episodes[record.session].step_rewards.get(record.call_index)
         if reward is not None:
             self.nodes[end].rewards[record.session] = float(reward)

@@ -131,3 +131,34 @@ def test_overlong_path_is_truncated_or_rejected():
 def test_config_rejects_bad_values(kw, match):
     with pytest.raises(ValueError, match=match):
         SampleConfig(**kw)
+
+
+def test_j_max_caps_the_paths_one_episode_contributes_main_branch_first():
+    """An episode that branched 7 times gives at most ``max_paths_per_episode`` paths; its
+    main branch is always among them; with a large cap nothing is dropped."""
+    prompt = list(range(1, 30))
+    records = [rec("a", 0, prompt, [40, 41, 42])]
+    records[0].role = "main"
+    for k in range(1, 8):  # sub-agent calls that each start a branch from the prompt
+        r = rec("a", k, prompt[:10] + [100 + k] * (3 + k), [50, 51])
+        r.role, r.branch = "sub-agent", f"sub{k}"
+        records.append(r)
+    episodes = [
+        EpisodeInfo(session="a", group="g", outcome="success", reward=1.0),
+        EpisodeInfo(session="b", group="g", outcome="failure", reward=0.0),
+    ]
+    records.append(rec("b", 0, prompt, [43, 44]))
+    (tree,) = build_trees(records, episodes)
+    units, stats = bounded_samples([tree], SampleConfig(max_paths_per_episode=3))
+    assert stats.dropped_paths == 5
+    packed = [pack(u) for u in units]
+    carried = {int(t) for p in packed for t in p.input_ids[p.loss_mask]}
+    assert {40, 41, 42, 43, 44} <= carried  # both main branches kept
+    kept_subs = {t for t in carried if t >= 100}
+    assert len(kept_subs) == 0  # sub-agent prompts carry no loss; their outputs do
+    sub_outputs = sum(int(((p.input_ids == 50) & p.loss_mask).sum()) for p in packed)
+    assert sub_outputs == 2  # the 2 longest sub-agent branches fill the cap of 3
+    _, stats = bounded_samples([tree], SampleConfig(max_paths_per_episode=50))
+    assert stats.dropped_paths == 0
+    with pytest.raises(ValueError, match="max_paths_per_episode"):
+        SampleConfig(max_paths_per_episode=0)
