@@ -99,14 +99,15 @@ def _scatter_add(x: torch.Tensor, blk: _QueryBlock, val: torch.Tensor) -> None:
 
 
 def _probs(q_blk, k_blk, blk: _QueryBlock, scale: float, lse=None):
-    """Attention probabilities ``[H, Bq, L]`` of one query block (and its log-sum-exp)."""
-    s = torch.matmul(q_blk * scale, k_blk.transpose(-1, -2))  # [H, Bq, L]
+    """Attention probabilities ``[Hkv, G, Bq, L]`` of one query block (and its
+    log-sum-exp); ``q_blk`` is ``[Hkv, G, Bq, D]``, ``k_blk`` ``[Hkv, L, D]``."""
+    s = torch.matmul(q_blk * scale, k_blk[:, None].transpose(-1, -2))  # [Hkv, G, Bq, L]
     # every gathered key before ``lo`` is an ancestor of the whole block; the block's own
     # keys (one chain, the last Bq columns) are masked causally
     bq = blk.hi - blk.lo
     s[..., -bq:].masked_fill_(_causal_mask(bq), float("-inf"))
     if lse is None:
-        lse = torch.logsumexp(s, dim=-1)  # [H, Bq]
+        lse = torch.logsumexp(s, dim=-1)  # [Hkv, G, Bq]
     return s.sub_(lse[..., None]).exp_(), lse
 
 
@@ -122,14 +123,14 @@ def _causal_mask(n: int) -> torch.Tensor:
 
 class _TreeAttentionFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, layout: TreeBlockLayout):  # q, k, v: [H, n, D]
-        scale = 1.0 / math.sqrt(q.shape[-1])
+    def forward(ctx, q, k, v, layout: TreeBlockLayout, scale: float):
+        # q: [Hkv, G, n, D] (G query heads per key/value head); k, v: [Hkv, n, D]
         out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:2], dtype=q.dtype)
+        lse = torch.empty(q.shape[:3], dtype=q.dtype)
         for blk in layout.blocks:
-            p, m = _probs(q[:, blk.lo : blk.hi], _gather(k, blk), blk, scale)
-            torch.matmul(p, _gather(v, blk), out=out[:, blk.lo : blk.hi])
-            lse[:, blk.lo : blk.hi] = m
+            p, m = _probs(q[:, :, blk.lo : blk.hi], _gather(k, blk), blk, scale)
+            out[:, :, blk.lo : blk.hi] = torch.matmul(p, _gather(v, blk)[:, None])
+            lse[:, :, blk.lo : blk.hi] = m
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.layout, ctx.scale = layout, scale
         return out
@@ -139,23 +140,41 @@ class _TreeAttentionFn(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         dout = dout.contiguous()
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        delta = (dout * out).sum(-1)  # [H, n]
+        delta = (dout * out).sum(-1)  # [Hkv, G, n]
         for blk in ctx.layout.blocks:
             sl = slice(blk.lo, blk.hi)
-            q_blk, k_blk, v_blk = q[:, sl], _gather(k, blk), _gather(v, blk)
-            p, _ = _probs(q_blk, k_blk, blk, ctx.scale, lse[:, sl])
-            _scatter_add(dv, blk, torch.matmul(p.transpose(-1, -2), dout[:, sl]))
-            ds = torch.matmul(dout[:, sl], v_blk.transpose(-1, -2))  # dP
-            ds.sub_(delta[:, sl, None]).mul_(p)  # dS / scale
-            torch.matmul(ds, k_blk * ctx.scale, out=dq[:, sl])
-            _scatter_add(dk, blk, torch.matmul(ds.transpose(-1, -2), q_blk * ctx.scale))
-        return dq, dk, dv, None
+            q_blk, k_blk, v_blk = q[:, :, sl], _gather(k, blk), _gather(v, blk)
+            p, _ = _probs(q_blk, k_blk, blk, ctx.scale, lse[:, :, sl])
+            dout_blk = dout[:, :, sl]
+            _scatter_add(dv, blk, torch.matmul(p.transpose(-1, -2), dout_blk).sum(1))
+            ds = torch.matmul(dout_blk, v_blk[:, None].transpose(-1, -2))  # dP
+            ds.sub_(delta[:, :, sl, None]).mul_(p)  # dS / scale
+            dq[:, :, sl] = torch.matmul(ds, k_blk[:, None] * ctx.scale)
+            dk_blk = torch.matmul(ds.transpose(-1, -2), q_blk * ctx.scale).sum(1)
+            _scatter_add(dk, blk, dk_blk)
+        return dq, dk, dv, None, None
 
 
 def tree_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TreeBlockLayout
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: TreeBlockLayout,
+    *,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    """Attention of ``[heads, n, head_dim]`` q/k/v where each token sees its ancestors."""
-    if q.shape[1] != layout.n:
+    """Attention of ``[heads, n, head_dim]`` q and ``[kv_heads, n, head_dim]`` k/v where
+    each token sees its ancestors; ``[heads, n, head_dim]`` out.
+
+    Grouped-query attention: query head ``h`` uses key/value head ``h // (heads //
+    kv_heads)`` (as transformers' ``repeat_kv``), without repeating k/v in memory.
+    ``scale`` defaults to ``1 / sqrt(head_dim)``.
+    """
+    if q.shape[1] != layout.n or k.shape[1] != layout.n:
         raise ValueError(f"layout is for {layout.n} tokens, got {q.shape[1]}")
-    return _TreeAttentionFn.apply(q, k, v, layout)
+    heads, kv_heads = q.shape[0], k.shape[0]
+    if heads % kv_heads or k.shape != v.shape:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} key/value heads")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    grouped = q.reshape(kv_heads, heads // kv_heads, *q.shape[1:])
+    return _TreeAttentionFn.apply(grouped, k, v, layout, scale).reshape(q.shape)
