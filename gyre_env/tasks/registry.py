@@ -3,7 +3,8 @@ point or a folder, and nothing is imported or read until the suite is loaded.
 
     register_suite("my-suite", "my_pkg.tasks:load")      # function returning list[Task]
     register_suite("my-folder", "/data/my_tasks")         # a folder of task folders
-    load_suite("builtin"); load_suite("/data/other_tasks")
+    load_suite("builtin"); load_suite("nano", split="train", count=256, seed=0)
+    load_suite("/data/other_tasks")
 """
 
 from __future__ import annotations
@@ -121,4 +122,10 @@ register_suite(
     "nl2repo",
     "gyre_env.tasks.nl2repo:load_nl2repo",
     description="An NL2RepoBench checkout: load_suite('nl2repo', checkout=..., tests=...)",
+)
+register_suite(
+    "nano",
+    "gyre_env.tasks.nano:nano_tasks",
+    description="Generated one-function tasks for tiny models: "
+    "load_suite('nano', split='train', count=256, seed=0)",
 )

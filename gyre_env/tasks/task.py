@@ -26,8 +26,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-TIERS = ("micro", "small", "repo")
-"""micro: one module, graded in seconds; small: a package with a CLI; repo: repository-scale."""
+TIERS = ("nano", "micro", "small", "repo")
+"""nano: one generated one-line function (``gyre_env.tasks.nano``); micro: one module, graded
+in seconds; small: a package with a CLI; repo: repository-scale."""
 
 JUNIT_PLACEHOLDER = "{junitxml}"
 """In a test command, replaced by the path of the JUnit XML report the grader reads."""
@@ -55,7 +56,7 @@ class Task:
     id: str
     """Unique id within its suite; letters, digits, ``-``, ``_``, ``.``."""
     tier: str
-    """One of ``TIERS``: ``micro``, ``small`` or ``repo``."""
+    """One of ``TIERS``: ``nano``, ``micro``, ``small`` or ``repo``."""
     domain: str
     """Free-form area, e.g. ``parsing``, ``data-structures``, ``concurrency``."""
     spec: str

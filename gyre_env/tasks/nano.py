@@ -1,0 +1,609 @@
+"""The ``nano`` tier: generated one-function tasks small enough for a tiny model to learn.
+
+Each task asks, in one sentence, for one function in ``solution.py`` whose gold body is a
+single ``return`` line (``def add_seven(x):\\n    return x + 7\\n``). A task is a variant
+of an operation template: a function name from the template's pool, an argument name, a
+constant (a digit or a short word) and one of the template's phrasings. Its four hidden
+tests check the return type and three values, so a wrong constant still scores 0.25 and
+a wrong function name scores 0; one visible test checks one value.
+
+Splits are disjoint by construction: the split unit is the variant key (template,
+function name, constant); per template, the 20% of keys (at least one) with the lowest
+stable hash are ``heldout``, the rest ``train``, so every template is in both splits and
+no heldout function/constant pairing is ever trained on, whatever the argument name or
+phrasing. ``nano_tasks(split, count, seed)`` draws ``count`` tasks round-robin over the
+templates (balanced), deterministically for a seed, and materialises them as ordinary
+task folders under ``cache_root()/tasks/nano`` (written atomically, reused when present;
+a folder name carries a digest of its files, so a changed generator never reads a stale
+folder). The standard loader, grader and ``GoldAgent`` then work unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import random
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from gyre_env.tasks.task import Task, load_task
+
+SPLITS = ("train", "heldout")
+HELDOUT_PERCENT = 20
+"""Share of variant keys (template, name, constant) that go to ``heldout``."""
+GENERATOR_VERSION = 1
+"""Bump when generated content changes meaning; it seeds ids and the split hash."""
+
+_DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+_ARGS = {
+    "int": ("x", "n", "num", "value"),
+    "str": ("s", "text", "word"),
+    "list": ("xs", "nums", "items", "values"),
+    "pair": ("a, b", "x, y", "m, n"),
+}
+_TEST_COMMAND = (
+    "python -m pytest -q -p no:cacheprovider --continue-on-collection-errors tests/test_solution.py"
+)
+
+
+@dataclass(frozen=True)
+class Template:
+    """One operation: how to name, phrase, implement and test it."""
+
+    key: str
+    """Short id used in task ids, e.g. ``add``."""
+    domain: str
+    kind: str
+    """Argument kind: ``int``, ``str``, ``list`` or ``pair`` (two ints)."""
+    names: tuple[str, ...]
+    """Function-name patterns; ``{w}`` is the constant as a word (``seven``, ``ing``)."""
+    phrasings: tuple[str, ...]
+    """Spec sentences; ``{f}`` function, ``{sig}`` ``f(args)``, ``{a}``/``{b}`` args, ``{k}``."""
+    body: str
+    """The returned expression, with ``{a}``, ``{b}`` and ``{k}``."""
+    inputs: tuple[tuple, ...]
+    """Four argument tuples: the first is the type check (and the visible test)."""
+    consts: tuple = (None,)
+
+
+def _t(key, domain, kind, names, phrasings, body, inputs, consts=(None,)) -> Template:
+    return Template(
+        key=key,
+        domain=domain,
+        kind=kind,
+        names=tuple(names.split()),
+        phrasings=tuple(phrasings),
+        body=body,
+        inputs=tuple(inputs),
+        consts=tuple(consts),
+    )
+
+
+_W = "Write solution.py with a function {sig} that returns"
+_C = "Create solution.py defining {sig}, which returns"
+_D = "In solution.py, define {sig} returning"
+_INTS = ((2,), (0,), (5,), (-3,))
+_NONNEG = ((9,), (0,), (17,), (30,))
+_STRS = (("abc",), ("Hello",), ("x1y",), ("aB c",))
+_LISTS = (([3, 1, 2],), ([5],), ([-1, 7, 4, 7],), ([2, 9, 0, 1, 8],))
+_PAIRS = ((2, 5), (9, 4), (-1, -6), (3, 3))
+_WORDS_PRE = ("hi", "ok", "re", "un", "pre", "my", "go", "no", "up", "ex")
+
+TEMPLATES: tuple[Template, ...] = (
+    # -- arithmetic with a constant
+    _t(
+        "add",
+        "arithmetic",
+        "int",
+        "add_{w} plus_{w} increase_by_{w} add{w} bump offset shift_up step_up",
+        (f"{_W} {{a}} plus {{k}}.", f"{_C} {{a}} with {{k}} added.", f"{_D} {{a}} + {{k}}."),
+        "{a} + {k}",
+        _INTS,
+        range(1, 10),
+    ),
+    _t(
+        "sub",
+        "arithmetic",
+        "int",
+        "sub_{w} minus_{w} decrease_by_{w} take_{w} lower shift_down step_down reduce",
+        (f"{_W} {{a}} minus {{k}}.", f"{_C} {{a}} with {{k}} subtracted.", f"{_D} {{a}} - {{k}}."),
+        "{a} - {k}",
+        _INTS,
+        range(1, 10),
+    ),
+    _t(
+        "mul",
+        "arithmetic",
+        "int",
+        "times_{w} mul_{w} multiply_by_{w} scale_{w} scale grow amplify boost",
+        (f"{_W} {{a}} times {{k}}.", f"{_C} {{a}} multiplied by {{k}}.", f"{_D} {{a}} * {{k}}."),
+        "{a} * {k}",
+        _INTS,
+        range(2, 10),
+    ),
+    _t(
+        "floordiv",
+        "arithmetic",
+        "int",
+        "div_{w} divide_by_{w} per_{w} split_{w} shrink chunks groups buckets",
+        (
+            f"{_W} {{a}} divided by {{k}}, rounded down.",
+            f"{_C} the integer floor division of {{a}} by {{k}}.",
+            f"{_D} {{a}} // {{k}}.",
+        ),
+        "{a} // {k}",
+        _NONNEG,
+        range(2, 10),
+    ),
+    _t(
+        "mod",
+        "arithmetic",
+        "int",
+        "mod_{w} rem_{w} modulo_{w} leftover_{w} remainder wrap cycle spare",
+        (
+            f"{_W} the remainder of {{a}} divided by {{k}}.",
+            f"{_C} {{a}} modulo {{k}}.",
+            f"{_D} {{a}} % {{k}}.",
+        ),
+        "{a} % {k}",
+        _NONNEG,
+        range(2, 10),
+    ),
+    # -- strings
+    _t(
+        "upper",
+        "strings",
+        "str",
+        "to_upper upper shout capitals loud make_upper all_caps yell",
+        (
+            f"{_W} {{a}} in upper case.",
+            f"{_C} {{a}} converted to uppercase.",
+            f"{_D} {{a}}.upper().",
+        ),
+        "{a}.upper()",
+        _STRS,
+    ),
+    _t(
+        "lower",
+        "strings",
+        "str",
+        "to_lower lower quiet small_letters soft make_lower no_caps whisper",
+        (
+            f"{_W} {{a}} in lower case.",
+            f"{_C} {{a}} converted to lowercase.",
+            f"{_D} {{a}}.lower().",
+        ),
+        "{a}.lower()",
+        _STRS,
+    ),
+    _t(
+        "reverse",
+        "strings",
+        "str",
+        "reverse reversed backwards flip mirror rev turn_around invert",
+        (
+            f"{_W} {{a}} reversed.",
+            f"{_C} the characters of {{a}} in reverse order.",
+            f"{_D} {{a}}[::-1].",
+        ),
+        "{a}[::-1]",
+        _STRS,
+    ),
+    _t(
+        "repeat",
+        "strings",
+        "str",
+        "repeat_{w} times_{w} copy_{w} echo_{w} repeat echo duplicate stutter",
+        (
+            f"{_W} {{a}} repeated {{k}} times.",
+            f"{_C} {{k}} copies of {{a}} joined with nothing between them.",
+            f"{_D} {{a}} * {{k}}.",
+        ),
+        "{a} * {k}",
+        _STRS,
+        range(2, 6),
+    ),
+    _t(
+        "first_char",
+        "strings",
+        "str",
+        "first_char first_letter initial head_char lead start_char front opening",
+        (
+            f"{_W} the first character of {{a}}.",
+            f"{_C} the character at index 0 of the non-empty string {{a}}.",
+            f"{_D} {{a}}[0].",
+        ),
+        "{a}[0]",
+        _STRS,
+    ),
+    _t(
+        "strip",
+        "strings",
+        "str",
+        "strip trim clean tidy strip_spaces trim_ends neat unpad",
+        (
+            f"{_W} {{a}} without leading and trailing whitespace.",
+            f"{_C} {{a}} with the whitespace at both ends removed.",
+            f"{_D} {{a}}.strip().",
+        ),
+        "{a}.strip()",
+        (("  hi  ",), ("a b\n",), ("x",), ("\tok ",)),
+    ),
+    _t(
+        "prefix",
+        "strings",
+        "str",
+        "prefix_{w} with_{w} prepend_{w} add_{w} start_{w} tag_{w} lead_{w} mark_{w}",
+        (
+            f'{_W} the string "{{k}}" followed by {{a}}.',
+            f'{_C} {{a}} with "{{k}}" put in front.',
+            f'{_D} "{{k}}" + {{a}}.',
+        ),
+        '"{k}" + {a}',
+        _STRS,
+        _WORDS_PRE,
+    ),
+    # -- lists of ints
+    _t(
+        "sum",
+        "lists",
+        "list",
+        "total sum_all add_up sum_list tally grand_total combine accumulate",
+        (
+            f"{_W} the sum of the numbers in the list {{a}}.",
+            f"{_C} the total of all items of the list {{a}}.",
+            f"{_D} sum({{a}}).",
+        ),
+        "sum({a})",
+        _LISTS,
+    ),
+    _t(
+        "max",
+        "lists",
+        "list",
+        "largest biggest max_item top highest peak most max_of",
+        (
+            f"{_W} the largest number in the non-empty list {{a}}.",
+            f"{_C} the maximum of the list {{a}}.",
+            f"{_D} max({{a}}).",
+        ),
+        "max({a})",
+        _LISTS,
+    ),
+    _t(
+        "min",
+        "lists",
+        "list",
+        "smallest least min_item bottom lowest floor_of fewest min_of",
+        (
+            f"{_W} the smallest number in the non-empty list {{a}}.",
+            f"{_C} the minimum of the list {{a}}.",
+            f"{_D} min({{a}}).",
+        ),
+        "min({a})",
+        _LISTS,
+    ),
+    _t(
+        "length",
+        "lists",
+        "list",
+        "count size length how_many num_items list_len count_all len_of",
+        (
+            f"{_W} the number of items in the list {{a}}.",
+            f"{_C} the length of the list {{a}}.",
+            f"{_D} len({{a}}).",
+        ),
+        "len({a})",
+        _LISTS,
+    ),
+    _t(
+        "first",
+        "lists",
+        "list",
+        "first head first_item front_item get_first leader opener top_item",
+        (
+            f"{_W} the first item of the non-empty list {{a}}.",
+            f"{_C} the item at index 0 of the list {{a}}.",
+            f"{_D} {{a}}[0].",
+        ),
+        "{a}[0]",
+        _LISTS,
+    ),
+    _t(
+        "last",
+        "lists",
+        "list",
+        "last tail last_item end_item get_last final closer back_item",
+        (
+            f"{_W} the last item of the non-empty list {{a}}.",
+            f"{_C} the item at index -1 of the list {{a}}.",
+            f"{_D} {{a}}[-1].",
+        ),
+        "{a}[-1]",
+        _LISTS,
+    ),
+    _t(
+        "sorted",
+        "lists",
+        "list",
+        "sort_list sorted_items ascending order arrange in_order rank line_up",
+        (
+            f"{_W} a new list of the items of {{a}} in ascending order.",
+            f"{_C} the list {{a}} sorted from smallest to largest.",
+            f"{_D} sorted({{a}}).",
+        ),
+        "sorted({a})",
+        _LISTS,
+    ),
+    # -- conditionals
+    _t(
+        "abs",
+        "conditionals",
+        "int",
+        "absolute abs_value magnitude distance size_of unsigned positive_of modulus",
+        (
+            f"{_W} the absolute value of {{a}}.",
+            f"{_C} {{a}} without its sign (its distance from zero).",
+            f"{_D} abs({{a}}).",
+        ),
+        "abs({a})",
+        ((-2,), (0,), (7,), (-11,)),
+    ),
+    _t(
+        "larger",
+        "conditionals",
+        "pair",
+        "larger bigger max_of_two pick_larger greater winner top_of_two higher",
+        (
+            f"{_W} the larger of {{a}} and {{b}}.",
+            f"{_C} whichever of {{a}} and {{b}} is bigger.",
+            f"{_D} max({{a}}, {{b}}).",
+        ),
+        "max({a}, {b})",
+        _PAIRS,
+    ),
+    _t(
+        "is_even",
+        "conditionals",
+        "int",
+        "is_even even check_even even_number is_pair divisible_by_two evenness is_even_num",
+        (
+            f"{_W} True if {{a}} is even and False otherwise.",
+            f"{_C} whether {{a}} is divisible by 2, as True or False.",
+            f"{_D} {{a}} % 2 == 0.",
+        ),
+        "{a} % 2 == 0",
+        ((3,), (4,), (0,), (-7,)),
+    ),
+    _t(
+        "clamp",
+        "conditionals",
+        "int",
+        "cap_{w} at_most_{w} clamp_{w} limit_{w} cap clamp ceiling limit",
+        (
+            f"{_W} {{a}}, but never more than {{k}}.",
+            f"{_C} {{a}} clamped so it is at most {{k}}.",
+            f"{_D} min({{a}}, {{k}}).",
+        ),
+        "min({a}, {k})",
+        ((5,), (-4,), (12,), (3,)),
+        range(0, 10),
+    ),
+    _t(
+        "sign",
+        "conditionals",
+        "int",
+        "sign signum sign_of direction polarity sgn get_sign which_side",
+        (
+            f"{_W} 1 if {{a}} is positive, -1 if it is negative and 0 if it is zero.",
+            f"{_C} the sign of {{a}}: 1, -1 or 0.",
+            f"{_D} ({{a}} > 0) - ({{a}} < 0).",
+        ),
+        "({a} > 0) - ({a} < 0)",
+        ((-5,), (0,), (8,), (-1,)),
+    ),
+    _t(
+        "is_multiple",
+        "conditionals",
+        "int",
+        "is_multiple_of_{w} divisible_by_{w} multiple_of_{w} fits_{w} divides check_multiple "
+        "is_multiple splits_evenly",
+        (
+            f"{_W} True if {{a}} is divisible by {{k}} and False otherwise.",
+            f"{_C} whether {{a}} is a multiple of {{k}}, as True or False.",
+            f"{_D} {{a}} % {{k}} == 0.",
+        ),
+        "{a} % {k} == 0",
+        ((6,), (0,), (35,), (18,)),
+        range(2, 10),
+    ),
+)
+"""The operation templates, grouped by domain."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One generated task before it is written: every choice that shapes it."""
+
+    template: Template
+    name: str
+    args: str
+    const: int | str | None
+    phrasing: int
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """The split unit: (template, function name, constant)."""
+        return (self.template.key, self.name, repr(self.const))
+
+    @property
+    def task_id(self) -> str:
+        raw = f"v{GENERATOR_VERSION}|{self.key}|{self.args}|{self.phrasing}"
+        return f"nano-{self.template.key.replace('_', '-')}-{_digest(raw)[:10]}"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _rank(key: tuple[str, str, str]) -> str:
+    return _digest(f"nano-split-v{GENERATOR_VERSION}|{'|'.join(key)}")
+
+
+@functools.cache
+def heldout_keys() -> frozenset[tuple[str, str, str]]:
+    """The variant keys of the ``heldout`` split: per template, the ``HELDOUT_PERCENT``
+    (at least one) with the lowest stable hash, so every template is in both splits."""
+    out = set()
+    for t in TEMPLATES:
+        keys = sorted({v.key for v in _template_variants(t)}, key=_rank)
+        out.update(keys[: max(1, round(len(keys) * HELDOUT_PERCENT / 100))])
+    return frozenset(out)
+
+
+def split_of(key: tuple[str, str, str]) -> str:
+    """``train`` or ``heldout`` for a variant key (template, function name, constant)."""
+    return "heldout" if key in heldout_keys() else "train"
+
+
+def all_variants() -> list[Variant]:
+    """Every variant of every template, in a fixed order."""
+    return [v for t in TEMPLATES for v in _template_variants(t)]
+
+
+def _template_variants(t: Template) -> list[Variant]:
+    out = []
+    for const in t.consts:
+        word = _DIGITS[const] if isinstance(const, int) else const
+        for name in dict.fromkeys(n.format(w=word) for n in t.names):
+            for args in _ARGS[t.kind]:
+                for phrasing in range(len(t.phrasings)):
+                    out.append(Variant(t, name, args, const, phrasing))
+    return out
+
+
+def render(v: Variant) -> dict[str, str]:
+    """The files of a variant's task folder (relative path -> text)."""
+    t = v.template
+    names = [a.strip() for a in v.args.split(",")]
+    fill = {"a": names[0], "b": names[-1], "k": "" if v.const is None else v.const}
+    sig = f"{v.name}({v.args})"
+    spec = t.phrasings[v.phrasing].format(sig=sig, f=v.name, **fill)
+    gold = f"def {sig}:\n    return {t.body.format(**fill)}\n"
+    scope: dict = {}
+    exec(gold, scope)  # our own one-line gold: the expected values come from it
+    fn = scope[v.name]
+    want = [fn(*args) for args in t.inputs]
+    calls = [f"{v.name}({', '.join(map(repr, args))})" for args in t.inputs]
+    rtype = type(want[0]).__name__
+    tests = [f"def test_returns_{rtype}():\n    assert type(solution.{calls[0]}) is {rtype}\n"]
+    tests += [
+        f"def test_value_{i}():\n    assert solution.{c} == {w!r}\n"
+        for i, (c, w) in enumerate(zip(calls[1:], want[1:], strict=True), 1)
+    ]
+    toml = "\n".join(
+        [
+            f'id = "{v.task_id}"',
+            f'title = "{sig}"',
+            'tier = "nano"',
+            f'domain = "{t.domain}"',
+            f'test_commands = ["{_TEST_COMMAND}"]',
+            'hidden_tests = ["tests/test_solution.py"]',
+            f"test_count = {len(tests)}",
+            'remove_before_grading = ["tests", "conftest.py"]',
+            "max_steps = 4",
+            "wall_clock_s = 120",
+            "grading_timeout_s = 30",
+            "",
+        ]
+    )
+    return {
+        "spec.md": spec + "\n",
+        "task.toml": toml,
+        "gold/solution.py": gold,
+        "hidden_tests/tests/test_solution.py": "import solution\n\n\n" + "\n\n".join(tests),
+        "visible_tests/tests/test_visible.py": (
+            f"from solution import {v.name}\n\n\n"
+            f"def test_example():\n    assert {calls[0]} == {want[0]!r}\n"
+        ),
+    }
+
+
+def default_root() -> Path:
+    """Where generated task folders live: ``cache_root()/tasks/nano``."""
+    from gyre_env.engines.tiny import cache_root
+
+    return cache_root() / "tasks" / "nano"
+
+
+def materialise(v: Variant, root: Path) -> Path:
+    """The task folder of ``v`` under ``root``, written atomically unless already there."""
+    files = render(v)
+    digest = _digest("\0".join(f"{k}\0{files[k]}" for k in sorted(files)))[:8]
+    folder = root / f"{v.task_id}.{digest}"
+    if (folder / "task.toml").is_file():
+        return folder
+    tmp = root / f".{folder.name}.tmp-{os.getpid()}-{threading.get_ident()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    for rel, text in files.items():
+        path = tmp / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    try:
+        os.rename(tmp, folder)
+    except OSError:  # another process got there first: its folder is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (folder / "task.toml").is_file():
+            raise
+    return folder
+
+
+def sample_variants(split: str, count: int | None, seed: int) -> list[Variant]:
+    """``count`` variants of ``split`` (all when None), round-robin over the templates in a
+    seeded order, each template's variants in a seeded order: balanced and deterministic."""
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r} is not one of {SPLITS}")
+    rng = random.Random(f"nano|{split}|{seed}")
+    pools: dict[str, list[Variant]] = {}
+    for v in all_variants():
+        if split_of(v.key) == split:
+            pools.setdefault(v.template.key, []).append(v)
+    for pool in pools.values():
+        rng.shuffle(pool)
+    available = sum(len(p) for p in pools.values())
+    if count is None:
+        count = available
+    if not 0 < count <= available:
+        raise ValueError(f"count must be in 1..{available} for split {split!r}, got {count}")
+    order = sorted(pools)
+    rng.shuffle(order)
+    chosen: list[Variant] = []
+    depth = 0
+    while len(chosen) < count:
+        for key in order:
+            if depth < len(pools[key]) and len(chosen) < count:
+                chosen.append(pools[key][depth])
+        depth += 1
+    return chosen
+
+
+def nano_tasks(
+    split: str = "train",
+    count: int | str | None = 256,
+    seed: int | str = 0,
+    root: str | Path | None = None,
+) -> list[Task]:
+    """``count`` nano tasks of ``split`` for ``seed``, as loaded task folders (sorted by id).
+
+    ``root`` is where the folders are written (default ``default_root()``). String
+    ``count`` and ``seed`` are accepted for ``gyre tasks -o count=32``.
+    """
+    count = None if count is None else int(count)
+    variants = sample_variants(split, count, int(seed))
+    base = Path(root).expanduser() if root is not None else default_root()
+    base.mkdir(parents=True, exist_ok=True)
+    tasks = [load_task(materialise(v, base)) for v in variants]
+    return sorted(tasks, key=lambda t: t.id)
