@@ -11,7 +11,9 @@ backward, where scores are recomputed block by block. Memory is O(n * head_dim),
 O(n^2); the work is the (query, ancestor) pairs plus half a block per query block, the
 same for a tree and for flat sequences, so comparisons between the two are fair.
 
-On a GPU use ``flex_attention`` with ``PackedTree.block_mask()`` instead (compiled).
+This is the CPU backend of the Hugging Face model's tree attention
+(``gyre_env.trainers.hf_tree``); on a GPU that uses ``flex_attention`` with
+``PackedTree.block_mask()`` instead (compiled).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ token ``k`` is an ancestor-or-self of token ``q`` exactly when
 inputs) and a ``flex_attention`` ``BlockMask`` computed block-by-block without ever
 materialising ``n x n`` (large inputs; flex_attention trains on GPU only). The CPU
 training kernel in ``gyre_env.trainers.tree_attention`` walks ``parent_index`` instead.
+``gyre_env.trainers.hf_tree`` feeds any of the three to the Hugging Face model the engine
+serves (``attention_for`` picks one, ``tree_logprobs`` runs the packed forward).
 
 Positions are depths in the tree, so a token sees the same positions and the same keys
 it would see in its own path alone: one packed forward gives every path's logprobs.
