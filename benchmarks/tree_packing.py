@@ -2,8 +2,9 @@
 
 "Flat" is what systems without tree training do: every root-to-leaf path (each branch,
 each group member) is its own sequence carrying its full prefix. Both layouts go through
-the same tiny transformer (``gyre_env.trainers.tree_model``), the same block-sparse CPU
-attention kernel and the same loss, so the ratios isolate what sharing saves.
+the same model - a random-init Hugging Face Qwen2, the family the engine serves, trained
+through ``gyre_env.trainers.hf_tree`` - the same block-sparse CPU attention kernel and the
+same loss (``-(w * adv * logprob).sum()``), so the ratios isolate what sharing saves.
 
 Scenarios: synthetic groups sweeping the sharing (0, 25, 50, 75 % of flat tokens that the
 tree does not need), an NL2Repo-shaped group (a ~6k-token spec shared by a group of 8,
@@ -17,8 +18,11 @@ Time is measured in one more subprocess that alternates flat and tree steps (so 
 a shared machine falls on both alike) and keeps the best process-CPU time of each; it
 then compares the logprobs of every loss token between the two layouts.
 
-    python benchmarks/tree_packing.py                 # all synthetic scenarios
+    python benchmarks/tree_packing.py                 # all synthetic scenarios, small (~2 min)
+    python benchmarks/tree_packing.py --full          # the full sizes (long: tens of minutes)
     python benchmarks/tree_packing.py --records calls.jsonl --episodes episodes.jsonl
+
+A progress line per scenario and step goes to stderr; the table goes to stdout.
 """
 
 from __future__ import annotations
@@ -32,6 +36,13 @@ import sys
 import time
 
 SCENARIOS = ("share0", "share25", "share50", "share75", "nl2repo")
+SIZES = {  # option: (default, with --full)
+    "path_len": (512, 2048),
+    "spec_len": (1500, 6000),
+    "main_tokens": (500, 2000),
+    "sub_tokens": (250, 1000),
+    "repeats": (1, 2),
+}
 
 
 def _units(args, name: str):
@@ -62,18 +73,15 @@ def _units(args, name: str):
 
 
 def _model(args, vocab: int):
-    import torch
-    from gyre_env.trainers.tree_model import TreeModelConfig, TreeTransformer
+    from gyre_env.trainers.hf_tree import tiny_qwen2
 
-    torch.manual_seed(0)
-    return TreeTransformer(
-        TreeModelConfig(
-            vocab_size=vocab,
-            d_model=args.d_model,
-            n_layers=args.layers,
-            n_heads=args.heads,
-            d_ff=3 * args.d_model,
-        )
+    return tiny_qwen2(
+        vocab_size=vocab,
+        hidden_size=args.d_model,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        intermediate_size=3 * args.d_model,
     )
 
 
@@ -87,12 +95,14 @@ def _rss_kib(field: str) -> int:
 
 def _step(model, packed, layouts, norm) -> tuple[float, float]:
     """One fwd+bwd over the packed units: (wall seconds, process CPU seconds)."""
-    from gyre_env.trainers.tree_model import packed_logprobs, tree_policy_loss
+    from gyre_env.trainers.hf_tree import tree_logprobs
 
     t0, c0 = time.perf_counter(), time.process_time()
     for p, layout in zip(packed, layouts, strict=True):
         batch = p.tensors()
-        loss = tree_policy_loss(packed_logprobs(model, batch, layout), batch, normalizer=norm)
+        lp, _ = tree_logprobs(model, batch, layout)
+        sel = batch["loss_mask"]
+        loss = -(batch["weights"][sel] * batch["advantages"][sel] * lp).sum() / norm
         loss.backward()
     return time.perf_counter() - t0, time.process_time() - c0
 
@@ -176,18 +186,22 @@ def _forward_macs(args, vocab: int, packed, layouts) -> int:
     """Multiply-accumulates of one forward: linear layers per token, attention per
     (query, key) pair the kernel computes, LM head per loss token."""
     d, ff = args.d_model, 3 * args.d_model
+    kv = d * args.kv_heads // args.heads  # width of k and v (grouped-query attention)
     tokens = sum(len(p) for p in packed)
     pairs = sum(layout.pairs for layout in layouts)
     loss = sum(p.num_loss_tokens for p in packed)
-    return args.layers * (tokens * (4 * d * d + 3 * d * ff) + pairs * 2 * d) + loss * d * vocab
+    return (
+        args.layers * (tokens * (2 * d * d + 2 * d * kv + 3 * d * ff) + pairs * 2 * d)
+        + loss * d * vocab
+    )
 
 
 def _exactness(model, units, args) -> float:
     """Largest |tree - flat| logprob over every loss token (same key: tree, node, depth)."""
     import numpy as np
     import torch
+    from gyre_env.trainers.hf_tree import tree_logprobs
     from gyre_env.trainers.tree_attention import TreeBlockLayout
-    from gyre_env.trainers.tree_model import packed_logprobs
 
     from gyre_env.trajectory.packing import pack
 
@@ -197,7 +211,7 @@ def _exactness(model, units, args) -> float:
             lp = {}
             for flat in (False, True):
                 p = pack(unit, flat=flat)
-                vals = packed_logprobs(
+                vals, _ = tree_logprobs(
                     model, p.tensors(), TreeBlockLayout(p.parent_index, args.block_size)
                 )
                 idx = np.flatnonzero(p.loss_mask)
@@ -217,6 +231,7 @@ def _run_child(args, name: str, layout: str) -> dict:
         "d_model",
         "layers",
         "heads",
+        "kv_heads",
         "vocab",
         "block_size",
         "repeats",
@@ -237,13 +252,19 @@ def _run_child(args, name: str, layout: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    for key, (small, full) in SIZES.items():
+        if getattr(args, key) is None:
+            setattr(args, key, full if args.full else small)
+    if args.kv_heads is None:
+        args.kv_heads = args.heads // 2 if args.heads % 2 == 0 else args.heads
     if args.measure:
         fn = measure_time if args.layout == "both" else measure_memory
         print(json.dumps(fn(args)))
         return 0
     names = list(args.scenarios) + (["records"] if args.records else [])
     print(
-        f"tiny model d={args.d_model} layers={args.layers} heads={args.heads}; "
+        f"Qwen2 (random init) d={args.d_model} layers={args.layers} heads={args.heads} "
+        f"kv_heads={args.kv_heads}; {'full' if args.full else 'small (--full for all)'} sizes; "
         f"block {args.block_size}; threads {args.threads}; best of {args.repeats + 1} steps\n"
         "mac x: ratio of forward multiply-adds (linear + attention pairs + LM head); "
         "cpu: process CPU seconds of one fwd+bwd (flat and tree steps interleaved);\n"
@@ -257,10 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(head)
     results = {}
-    for name in names:
-        flat = _run_child(args, name, "flat")
-        tree = _run_child(args, name, "tree")
-        timing = _run_child(args, name, "both")
+    start = time.perf_counter()
+    for i, name in enumerate(names, 1):
+        run = {}
+        for layout, what in (("flat", "flat memory"), ("tree", "tree memory"), ("both", "time")):
+            _progress(f"[{i}/{len(names)}] {name}: {what} ...", start)
+            run[layout] = _run_child(args, name, layout)
+        flat, tree, timing = run["flat"], run["tree"], run["both"]
         results[name] = {"flat": flat, "tree": tree, "time": timing}
         print(
             f"{name:<10}{tree['sharing']:>8.1%}{flat['tokens']:>10}{tree['tokens']:>10}"
@@ -279,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _progress(msg: str, start: float) -> None:
+    print(f"{time.perf_counter() - start:7.1f}s {msg}", file=sys.stderr, flush=True)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenarios", nargs="*", default=list(SCENARIOS), choices=SCENARIOS)
@@ -288,13 +316,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, help="key/value heads (default: half the heads)")
     p.add_argument("--vocab", type=int, default=1024)
     p.add_argument("--block-size", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=2, help="extra timed steps after the first")
-    p.add_argument("--path-len", type=int, default=2048, help="path length of sharing scenarios")
-    p.add_argument("--spec-len", type=int, default=6000)
-    p.add_argument("--main-tokens", type=int, default=2000)
-    p.add_argument("--sub-tokens", type=int, default=1000)
+    p.add_argument("--full", action="store_true", help="full sizes (sizes not given below)")
+    p.add_argument("--repeats", type=int, help="extra timed steps after the first (1; full 2)")
+    p.add_argument("--path-len", type=int, help="path length of sharing scenarios (512; 2048)")
+    p.add_argument("--spec-len", type=int, help="NL2Repo shared spec tokens (1500; 6000)")
+    p.add_argument("--main-tokens", type=int, help="NL2Repo main-branch tokens (500; 2000)")
+    p.add_argument("--sub-tokens", type=int, help="NL2Repo sub-agent tokens (250; 1000)")
     p.add_argument(
         "--threads",
         type=int,

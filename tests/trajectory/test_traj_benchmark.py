@@ -1,6 +1,7 @@
 """benchmarks/tree_packing.py runs end to end at toy sizes on a JSONL records file.
 
-Checks the plumbing and the invariants it prints (token ratio, exactness), not speed.
+Checks the plumbing and the invariants it prints (token ratio, exactness of the Hugging
+Face Qwen2 it trains, progress on stderr), not speed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from gyre_env.proxy.records import JsonlSink
 from gyre_env.trajectory.synthetic import grpo_group
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tree_packing.py"
-TOY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--repeats", "0", "--block-size", "32"]
+TOY = ["--d-model", "32", "--heads", "2", "--kv-heads", "1", "--layers", "1", "--repeats", "0"]
+TOY += ["--block-size", "32"]
 
 
 @pytest.mark.slow
@@ -43,6 +45,7 @@ def test_benchmark_on_recorded_trajectories(tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "records" in res.stdout
+    assert "[1/1] records: time" in res.stderr  # a progress line per scenario step
     figures = json.loads(out.read_text())
     rec = figures["records"]
     assert rec["flat"]["tokens"] == 3 * (96 + 2 * 24)  # every path with its full prefix
