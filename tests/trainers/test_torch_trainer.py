@@ -1,0 +1,222 @@
+"""The torch backend on real Hugging Face Qwen2 models (random init, built here): the
+data path records -> trees -> units -> packed batches -> train_step, tree/flat exactness
+of the loss and its gradient, a bandit that GRPO must learn, exact resume, staleness and
+infra-error exclusion, and weights pushed to the embedded engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+from gyre_env.trainers.hf_tree import tiny_qwen2
+from gyre_env.trainers.losses import LossConfig
+from gyre_env.trainers.protocol import TrainBatch, Trainer
+from gyre_env.trainers.torch_backend import TorchTrainer, TorchTrainerConfig
+
+from gyre_env.proxy.records import CallRecord
+from gyre_env.trajectory.packing import pack
+from gyre_env.trajectory.sampling import SampleConfig, bounded_samples
+from gyre_env.trajectory.tree import EpisodeInfo, build_trees
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen2")
+    tiny_qwen2(vocab_size=64, hidden_size=32, seed=3).save_pretrained(folder)
+    return folder
+
+
+def _record(session, call, prompt, output, version=0, lp=-1.0, role="main"):
+    return CallRecord(
+        session=session, call_index=call, branch="main" if role == "main" else "b1",
+        parent=None, role=role, prompt_ids=list(prompt), output_ids=list(output),
+        output_logprobs=[lp] * len(output), weight_version=version,
+    )  # fmt: skip
+
+
+def _group(rng, sessions=4, versions=None, outcomes=None):
+    """A GRPO group: a shared prompt, two turns per episode, and one sub-agent branch."""
+    prompt = rng.integers(1, 60, 40).tolist()
+    records, episodes = [], []
+    for k in range(sessions):
+        s = f"ep{k}"
+        out0 = rng.integers(1, 60, 6).tolist()
+        v = versions[k] if versions else 0
+        records.append(_record(s, 0, prompt, out0, v))
+        turn2 = prompt + out0 + rng.integers(1, 60, 5).tolist()
+        records.append(_record(s, 1, turn2, rng.integers(1, 60, 7).tolist(), v))
+        sub = prompt[:10] + rng.integers(1, 60, 8).tolist()
+        records.append(_record(s, 2, sub, rng.integers(1, 60, 4).tolist(), v, role="sub-agent"))
+        outcome = outcomes[k] if outcomes else "success"
+        episodes.append(
+            EpisodeInfo(session=s, group="g", outcome=outcome, reward=float(rng.random()))
+        )
+    return build_trees(records, episodes)
+
+
+def _batch(trees, flat=False, kind="rl", budget=4096):
+    units, _ = bounded_samples(trees, SampleConfig(token_budget=budget))
+    return TrainBatch(units=[pack(u, flat=flat) for u in units], kind=kind)
+
+
+def _grads(trainer):
+    return {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters()}
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        LossConfig(),
+        LossConfig(aggregation="sequence"),
+        LossConfig(policy_loss="decoupled", kl_coef=0.1, entropy_coef=0.01),
+    ],
+    ids=["ppo-token", "ppo-sequence", "decoupled-kl-entropy"],
+)
+def test_tree_loss_and_gradient_equal_the_flat_per_path_computation(model_dir, loss):
+    trees = _group(np.random.default_rng(0))
+    grads, losses = [], []
+    for flat in (False, True):
+        trainer = TorchTrainer(model_dir, TorchTrainerConfig(lr=1e-3, grad_clip=0), loss)
+        for group in trainer.optimizer.param_groups:  # keep weights: compare gradients only
+            group["lr"] = 0.0
+        metrics = trainer.train_step(_batch(trees, flat=flat))
+        losses.append(metrics["loss"])
+        grads.append(_grads(trainer))
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+    worst = max(float((grads[0][n] - grads[1][n]).abs().max()) for n in grads[0])
+    assert worst <= 1e-5, worst
+    assert sum(float(g.abs().sum()) for g in grads[0].values()) > 0
+
+
+def test_torch_trainer_is_a_trainer_and_its_names_are_the_served_models(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    trainer = TorchTrainer(model_dir)
+    assert isinstance(trainer, Trainer)
+    served = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    named = dict(trainer.named_parameters())
+    assert set(named) == set(served)
+    assert all(named[k].shape == served[k].shape for k in served)
+
+
+def _bandit_step(trainer, prompt, target, step, group_size, gen):
+    with torch.no_grad():
+        logits = trainer.model(input_ids=torch.tensor([prompt])).logits[0, -1]
+    logp = torch.log_softmax(logits.float(), -1)
+    tokens = torch.multinomial(logp.exp(), group_size, replacement=True, generator=gen)
+    records, episodes = [], []
+    for k, tok in enumerate(tokens.tolist()):
+        s = f"it{step}.{k}"
+        records.append(_record(s, 0, prompt, [tok], trainer.version, float(logp[tok])))
+        reward = 1.0 if tok == target else 0.0
+        episodes.append(EpisodeInfo(session=s, group=f"it{step}", outcome="success", reward=reward))
+    trainer.train_step(_batch(build_trees(records, episodes)))
+    return float(logp[target].exp())
+
+
+def test_grpo_bandit_learns_to_emit_the_rewarded_token_within_50_steps(tmp_path):
+    """One token answers a fixed prompt; reward 1 for token 7, else 0. From a uniform-ish
+    random model (p ~ 1/16), GRPO through the whole data path must push p(7) past 0.9."""
+    folder = tmp_path / "bandit"
+    tiny_qwen2(vocab_size=16, hidden_size=32, seed=1).save_pretrained(folder)
+    trainer = TorchTrainer(folder, TorchTrainerConfig(lr=3e-3), LossConfig())
+    gen = torch.Generator().manual_seed(0)
+    prompt, target = [1, 2, 3, 4], 7
+    probs = [_bandit_step(trainer, prompt, target, step, 16, gen) for step in range(50)]
+    assert probs[0] < 0.2
+    assert probs[-1] > 0.9, probs[::10]
+    assert trainer.version == 50
+
+
+def test_resume_from_state_dict_gives_the_same_next_step_loss(model_dir):
+    """Three steps, save, then a fresh trainer loaded from the save and the original
+    must agree on step four (loss <= 1e-6, weights equal)."""
+    rng = np.random.default_rng(1)
+    batches = [_batch(_group(rng)) for _ in range(4)]
+    cfg = TorchTrainerConfig(lr=1e-3, warmup_steps=2)
+    a = TorchTrainer(model_dir, cfg, LossConfig(kl_coef=0.05))
+    for b in batches[:3]:
+        a.train_step(b)
+    saved = a.state_dict()
+    b_ = TorchTrainer(model_dir, cfg, LossConfig(kl_coef=0.05))
+    b_.load_state_dict(saved)
+    la, lb = a.train_step(batches[3])["loss"], b_.train_step(batches[3])["loss"]
+    assert abs(la - lb) <= 1e-6
+    assert b_.version == a.version == 4
+    for (n, x), (_, y) in zip(a.named_parameters(), b_.named_parameters(), strict=True):
+        assert torch.equal(x, y), n
+
+
+def test_stale_tokens_and_infra_error_episodes_get_zero_weight(model_dir):
+    """Episodes sampled beyond the staleness bound and infra errors move no weight."""
+    trainer = TorchTrainer(model_dir, TorchTrainerConfig(lr=1e-3), LossConfig(max_staleness=2))
+    trainer._version = 10
+    rng = np.random.default_rng(2)
+    stale = _group(rng, versions=[5, 6, 7, 7])  # all more than 2 versions behind
+    metrics = trainer.train_step(_batch(stale))
+    assert metrics["loss"] == 0.0
+    assert all(float(g.abs().max()) == 0.0 for g in _grads(trainer).values())
+    fresh = _group(np.random.default_rng(2), versions=[9, 9, 10, 5])
+    metrics = trainer.train_step(_batch(fresh))
+    assert metrics["stale_tokens"] > 0 and metrics["loss"] != 0.0
+
+    infra = _group(rng, outcomes=["infra_error"] * 4)
+    units, stats = bounded_samples(infra, SampleConfig())
+    assert stats.excluded_episodes == 4 and units == []
+    mixed = _group(rng, outcomes=["infra_error", "success", "timeout", "infra_error"])
+    units, stats = bounded_samples(mixed, SampleConfig())
+    assert stats.excluded_episodes == 2
+    for part in (p for u in units for p in u.parts):
+        assert set(part.advantages) == {"ep1", "ep2"}  # the timed-out episode trains too
+        for node in part.loss_nodes:
+            assert {s for s, _, _ in part.tree.nodes[node].samplers} & {"ep1", "ep2"}
+    (tree,) = mixed
+    infra_only = [
+        n for n in tree.nodes if n.sampled and {s for s, _, _ in n.samplers} <= {"ep0", "ep3"}
+    ]
+    assert infra_only and not any(
+        n.id in p.loss_nodes for u in units for p in u.parts for n in infra_only
+    )
+
+
+def test_sft_step_lowers_the_nll_of_the_sampled_tokens(model_dir):
+    trees = _group(np.random.default_rng(4))
+    trainer = TorchTrainer(model_dir, TorchTrainerConfig(lr=3e-3))
+    first = trainer.train_step(_batch(trees, kind="sft"))["loss"]
+    for _ in range(5):
+        last = trainer.train_step(_batch(trees, kind="sft"))["loss"]
+    assert last < first
+
+
+def test_offload_onload_and_weights_pushed_to_the_embedded_engine(model_dir):
+    """After a step the engine serves the trained weights under a new version: its
+    logprobs equal the trainer's model's."""
+    from gyre_env.engines.base import SamplingParams
+    from gyre_env.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+
+    trainer = TorchTrainer(model_dir, TorchTrainerConfig(lr=1e-2))
+    trainer.train_step(_batch(_group(np.random.default_rng(5))))
+    trainer.offload()
+    with pytest.raises(RuntimeError, match="onload"):
+        trainer.train_step(_batch(_group(np.random.default_rng(6))))
+    trainer.onload()
+
+    async def serve():
+        engine = EmbeddedEngine(EmbeddedEngineConfig(model_path=str(model_dir), device="cpu"))
+        await engine.start()
+        try:
+            await engine.update_weights(dict(trainer.named_parameters()), trainer.version)
+            params = SamplingParams(max_new_tokens=3, temperature=0.0)
+            return await engine.generate([5, 6, 7, 8], params), engine.weight_version
+        finally:
+            await engine.aclose()
+
+    result, version = asyncio.run(serve())
+    assert version == 1 and result.weight_version == 1
+    with torch.no_grad():
+        ids = torch.tensor([[5, 6, 7, 8, *result.output_ids[:-1]]])
+        logp = torch.log_softmax(trainer.model(input_ids=ids).logits[0].float(), -1)
+    direct = [float(logp[3 + i, t]) for i, t in enumerate(result.output_ids)]
+    assert np.allclose(direct, result.output_logprobs, atol=1e-4)

@@ -1,0 +1,273 @@
+"""The torch training backend: a Hugging Face causal LM trained on packed token trees.
+
+The model is loaded from the same folder the engines serve (the built-in tiny Qwen2 or
+any local HF model), so the trained weights are the served weights under the same
+names: ``named_parameters()`` feeds ``Engine.update_weights`` directly. Each
+``train_step`` is one optimizer step over its microbatches (one packed forward each,
+tree attention from ``gyre_env.trainers.hf_tree``), with gradients accumulated against
+one normalizer for the whole step (``losses.step_normalizer``).
+
+Devices: CPU, or one CUDA device; under ``torch.distributed`` with several ranks the
+model is sharded with FSDP2 (``fully_shard`` per decoder layer, then the root), each
+rank training on its own share of the batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from gyre_env.trainers.hf_tree import attention_for, tree_logprobs
+from gyre_env.trainers.losses import LossConfig, LossTerms, policy_loss, sft_loss, step_normalizer
+from gyre_env.trainers.protocol import TrainBatch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(kw_only=True)
+class TorchTrainerConfig:
+    """Optimizer and device settings of the torch backend."""
+
+    lr: float = 3e-4
+    """AdamW learning rate (after warm-up)."""
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 disables)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up over this many optimizer steps."""
+    device: str = "auto"
+    """``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``."""
+    dtype: str = "float32"
+    """Parameter dtype: ``float32``, ``bfloat16`` or ``float16``."""
+    dense_max_tokens: int = 2048
+    """Packed trees up to this many tokens use a dense tree mask; longer ones the
+    block-sparse kernel (CPU) or flex_attention (CUDA)."""
+    block_size: int = 128
+    """Block size of the sparse tree attention."""
+    fsdp: bool | None = None
+    """Shard with FSDP2; None: when ``torch.distributed`` runs with more than one rank."""
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.lr <= 0 or self.grad_clip < 0 or self.warmup_steps < 0:
+            raise ValueError("lr must be > 0, grad_clip and warmup_steps >= 0")
+        if len(self.betas) != 2:
+            raise ValueError(f"betas must be two numbers, got {self.betas}")
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class TorchTrainer:
+    """``Trainer`` over a Hugging Face causal LM (see the module docstring)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        config: TorchTrainerConfig | None = None,
+        loss: LossConfig | None = None,
+    ):
+        from gyre_env._optional import require
+
+        transformers = require("transformers", "the torch trainer")
+        self.config = config or TorchTrainerConfig()
+        self.loss = loss or LossConfig()
+        self.model_path = Path(model_path)
+        self.device = resolve_device(self.config.device)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=_DTYPES[self.config.dtype]
+        )
+        self.model = model.to(self.device).train()
+        self._sharded = self._maybe_shard()
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.config.lr,
+            betas=self.config.betas,
+            eps=self.config.eps,
+            weight_decay=self.config.weight_decay,
+        )
+        warm = self.config.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warm) if warm else 1.0
+        )
+        self.reference = None
+        self._version = 0
+        self._offloaded = False
+
+    # ---- protocol -------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        if self._offloaded:
+            raise RuntimeError("the trainer is offloaded; call onload() before train_step()")
+        start = time.perf_counter()
+        rl = batch.kind == "rl"
+        agg = self.loss.aggregation if rl else "token"
+        if rl and self.loss.kl_coef > 0 and self.reference is None:
+            self.set_reference()
+        tensors = [u.tensors(self.device) for u in batch.units]
+        normalizer = step_normalizer(
+            tensors,
+            agg,
+            current_version=self._version,
+            max_staleness=self.loss.max_staleness if rl else None,
+        )
+        scale = 1.0
+        if self._sharded:  # one normalizer over all ranks; FSDP averages grads over ranks
+            import torch.distributed as dist
+
+            total = torch.tensor([normalizer], dtype=torch.float64)
+            dist.all_reduce(total)
+            normalizer, scale = float(total), float(dist.get_world_size())
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = defaultdict(float)
+        for packed, t in zip(batch.units, tensors, strict=True):
+            loss, metrics = self._microbatch(packed, t, rl, agg, normalizer)
+            (loss * scale).backward()
+            sums["loss"] += float(loss.detach())
+            for k, v in metrics.items():
+                sums[k] += v
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        clip = self.config.grad_clip or float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self._version += 1
+        return self._metrics(sums, batch, grad_norm, lr, time.perf_counter() - start)
+
+    def _microbatch(self, packed, t: dict, rl: bool, agg: str, normalizer: float):
+        cfg = self.loss
+        attn = attention_for(
+            packed,
+            device=self.device,
+            dense_max_tokens=self.config.dense_max_tokens,
+            block_size=self.config.block_size,
+        )
+        extra = {}
+        if rl and cfg.policy_loss == "decoupled":
+            extra["proximal"] = self.logprobs(t, attn)
+        if rl and cfg.kl_coef > 0:
+            extra["reference"] = self.logprobs(t, attn, model=self.reference)
+        lp, ent = tree_logprobs(
+            self.model, t, attn, temperature=cfg.temperature if rl else 1.0, with_entropy=True
+        )
+        terms = LossTerms.from_batch(t, lp, agg, entropy=ent, **extra)
+        if not rl:
+            return sft_loss(terms, normalizer=normalizer)
+        return policy_loss(terms, cfg, normalizer=normalizer, current_version=self._version)
+
+    @staticmethod
+    def _metrics(sums: dict, batch: TrainBatch, grad_norm: float, lr: float, seconds: float):
+        tokens = max(sums.pop("tokens", 0.0), 1.0)
+        out = {"loss": sums.pop("loss"), "grad_norm": grad_norm, "lr": lr}
+        for key in ("kl_ref",):
+            if key in sums:
+                out[key] = sums.pop(key)
+        for key, value in sums.items():  # token sums -> per-token means
+            out[key] = value / tokens
+        out.update(
+            loss_tokens=tokens,
+            tokens=float(batch.num_tokens),
+            step_s=seconds,
+            tokens_per_s=batch.num_tokens / seconds if seconds > 0 else 0.0,
+        )
+        return out
+
+    @torch.no_grad()
+    def logprobs(self, t: dict, attention, *, model=None) -> torch.Tensor:
+        """Loss-token logprobs of a packed batch under ``model`` (default: the policy)."""
+        model = model if model is not None else self.model
+        lp, _ = tree_logprobs(model, t, attention, temperature=self.loss.temperature)
+        return lp
+
+    def set_reference(self) -> None:
+        """Freeze a copy of the current weights as the KL reference model."""
+        self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+
+    def state_dict(self) -> dict:
+        return {
+            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "scheduler": self.scheduler.state_dict(),
+            "version": self._version,
+            "reference": None if self.reference is None else self.reference.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self._version = int(state["version"])
+        if state.get("reference") is not None:
+            if self.reference is None:
+                self.set_reference()
+            self.reference.load_state_dict(state["reference"])
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.model.state_dict().items():
+            if hasattr(tensor, "full_tensor"):  # an FSDP2 shard (DTensor)
+                tensor = tensor.full_tensor()
+            yield name, tensor.detach()
+
+    def offload(self) -> None:
+        """Gradients dropped; on CUDA weights and optimizer state move to host memory."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            self._move(torch.device("cpu"))
+            torch.cuda.empty_cache()
+        self._offloaded = True
+
+    def onload(self) -> None:
+        if self._offloaded and self.device.type == "cuda":
+            self._move(self.device)
+        self._offloaded = False
+
+    def _move(self, device: torch.device) -> None:
+        self.model.to(device)
+        for models in (self.reference,):
+            if models is not None:
+                models.to(device)
+        for state in self.optimizer.state.values():
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor):
+                    state[k] = v.to(device)
+
+    def save_pretrained(self, folder: str | Path) -> Path:
+        """The current weights as a Hugging Face model folder (config + safetensors)."""
+        folder = Path(folder)
+        self.model.save_pretrained(folder)
+        return folder
+
+    # ---- distributed ----------------------------------------------------------------
+    def _maybe_shard(self) -> bool:
+        import torch.distributed as dist
+
+        want = self.config.fsdp
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if want is None:
+            want = world > 1
+        if not want:
+            return False
+        if world <= 1:
+            raise ValueError("fsdp=True needs torch.distributed initialised with several ranks")
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in self.model.get_decoder().layers:
+            fully_shard(layer)
+        fully_shard(self.model)
+        return True
