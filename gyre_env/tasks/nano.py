@@ -418,7 +418,7 @@ TEMPLATES: tuple[Template, ...] = (
         ),
         "{a} % {k} == 0",
         ((6,), (0,), (35,), (18,)),
-        range(2, 10),
+        range(3, 10),  # 2 is is_even
     ),
 )
 """The operation templates, grouped by domain."""
