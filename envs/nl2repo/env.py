@@ -92,6 +92,10 @@ class NL2RepoConfig:
     """Longest a single ``bash`` call may run."""
     max_output_chars: int = 30_000
     """Tool outputs longer than this keep their head and tail."""
+    tools: list[str] | None = None
+    """Only these tools (names from ``tools.TOOLS``), e.g. ``["write_file", "submit"]``;
+    None offers all. ``info["tools"]`` carries only these; others are refused like
+    unknown tools."""
     write_spec: bool = True
     """Also put the spec in the workspace as ``SPEC.md`` (CLI agents read files)."""
     success_threshold: float = 1.0
@@ -104,6 +108,7 @@ class NL2RepoConfig:
             raise ValueError(f"reward_mode {self.reward_mode!r} is not one of {REWARD_MODES}")
         if self.tier is not None and self.tier not in TIERS:
             raise ValueError(f"tier {self.tier!r} is not one of {TIERS}")
+        T.select_tools(self.tools)  # unknown names fail here, naming the known ones
         if isinstance(self.potential, dict):
             self.potential = PotentialConfig(**self.potential)
         if isinstance(self.grading, dict):
@@ -156,8 +161,9 @@ class NL2RepoEnv(gym.Env):
             raise ValueError(f"render_mode {render_mode!r} is not supported; use 'ansi' or None")
         self.render_mode = render_mode
         self.tasks = load_tasks(self.config, tasks)
-        self.tool_schemas = [{k: v for k, v in t.items() if k != "examples"} for t in T.TOOLS]
-        self.action_space = ToolCallSpace(T.TOOLS)
+        offered = T.select_tools(self.config.tools)
+        self.tool_schemas = [{k: v for k, v in t.items() if k != "examples"} for t in offered]
+        self.action_space = ToolCallSpace(offered)
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.sandbox = None
         self.task: Task | None = None
@@ -239,11 +245,12 @@ class NL2RepoEnv(gym.Env):
 
     def _prompt(self, task: Task) -> str:
         names = ", ".join(t["name"] for t in self.tool_schemas)
-        visible = (
-            "Some tests are provided in the workspace; `run_tests` runs them. "
-            if task.has_visible_tests
-            else ""
-        )
+        if task.tier == "nano":  # every prompt token costs a tiny model's trainer time
+            return f"Use the tools ({names}) to do this, then submit.\n\n{task.spec}"
+        visible = ""
+        if task.has_visible_tests:
+            runs = "; `run_tests` runs them" if "run_tests" in self.action_space.tool_names else ""
+            visible = f"Some tests are provided in the workspace{runs}. "
         return (
             # No absolute path here: it differs between sandboxes, the prompt must not.
             "You are in an empty workspace (commands and file paths start there). Implement "

@@ -13,11 +13,34 @@ a path: ``register_task_env("Me/NL2RepoBench-v0", suite="nl2repo", suite_kwargs=
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 ENTRY_POINT = "gyre_env.envs.nl2repo.env:NL2RepoEnv"
 VECTOR_ENTRY_POINT = "gyre_env.envs.nl2repo.vector:make_thread_vector_env"
+
+NANO_ENV_ID = "Gyre/NL2Repo-nano-v0"
+NANO_KWARGS: dict[str, Any] = {
+    "suite": "nano",
+    "suite_kwargs": {"split": "train", "count": 256, "seed": 0},
+    "tools": ["write_file", "run_tests", "submit"],
+}
+"""``Gyre/NL2Repo-nano-v0``: generated one-line-function tasks (``gyre_env.tasks.nano``)
+with three tools, for tiny models; ``gym.make(..., suite_kwargs={"split": "heldout"})``."""
+
+
+def register_nano_env() -> None:
+    """Register ``Gyre/NL2Repo-nano-v0`` (idempotent; no task is generated until ``make``)."""
+    import gymnasium as gym
+
+    if NANO_ENV_ID not in gym.registry:
+        gym.register(
+            id=NANO_ENV_ID,
+            entry_point=ENTRY_POINT,
+            vector_entry_point=VECTOR_ENTRY_POINT,
+            kwargs=copy.deepcopy(NANO_KWARGS),
+        )
 
 
 def register_task_env(env_id: str, path: str | Path | None = None, **options: Any) -> None:

@@ -105,6 +105,20 @@ TOOLS: list[dict] = [
     },
 ]
 
+
+def select_tools(names: list[str] | None) -> list[dict]:
+    """The schemas of the tools ``names`` (in ``TOOLS`` order); None: all of them."""
+    if names is None:
+        return list(TOOLS)
+    known = [t["name"] for t in TOOLS]
+    if isinstance(names, str) or not names:
+        raise ValueError(f"tools must be a non-empty list of tool names from {known}")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown tools {unknown}; known tools: {known}")
+    return [t for t in TOOLS if t["name"] in names]
+
+
 MUTATING_TOOLS = frozenset({"bash", "write_file", "str_replace"})
 """Tools after which the workspace may have changed (Φ is recomputed only after these)."""
 
