@@ -44,9 +44,9 @@ _ARGS = {
     "list": ("xs", "nums", "items", "values"),
     "pair": ("a, b", "x, y", "m, n"),
 }
-_TEST_COMMAND = (
-    "python -m pytest -q -p no:cacheprovider --continue-on-collection-errors tests/test_solution.py"
-)
+# python3, not python: a debootstrap-built gyre-base has no `python` (the grader shims
+# both names; the visible tests run in the agent's sandbox as they are written).
+_PYTEST = "python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors"
 
 
 @dataclass(frozen=True)
@@ -510,8 +510,9 @@ def render(v: Variant) -> dict[str, str]:
             f'title = "{sig}"',
             'tier = "nano"',
             f'domain = "{t.domain}"',
-            f'test_commands = ["{_TEST_COMMAND}"]',
+            f'test_commands = ["{_PYTEST} tests/test_solution.py"]',
             'hidden_tests = ["tests/test_solution.py"]',
+            f'visible_test_commands = ["{_PYTEST} tests/test_visible.py"]',
             f"test_count = {len(tests)}",
             'remove_before_grading = ["tests", "conftest.py"]',
             "max_steps = 4",
