@@ -23,6 +23,7 @@ _EXTRA_OF = {
     "sglang": "sglang",
     "pyarrow": "store",
     "matplotlib": "plots",
+    "tensorboard": "train",
 }
 
 
