@@ -75,6 +75,9 @@ class LangGraphAgentConfig:
     max_new_tokens: int = 512
     """Completion tokens per model call."""
     temperature: float = 1.0
+    seed: int | None = None
+    """Sampling seed: an episode's calls use this plus a stable hash of its episode id, so
+    rollouts can be replayed exactly; None samples with fresh randomness."""
     compact_fraction: float = 0.7
     """Compact the history once a prompt used more than this share of the context window."""
     nudges: int = 2
@@ -397,12 +400,19 @@ def _chat_model(ctx: EpisodeContext, cfg: LangGraphAgentConfig, role: str):
         base_url=ep.base_url,
         api_key=ep.api_key,
         temperature=cfg.temperature,
+        seed=None if cfg.seed is None else _episode_seed(cfg.seed, ctx.episode_id),
         max_tokens=cfg.max_new_tokens,
         timeout=cfg.request_timeout_s,
         max_retries=cfg.model_retries,
         default_headers=headers,
         stream_usage=True,
     )
+
+
+def _episode_seed(seed: int, episode_id: str) -> int:
+    import zlib
+
+    return (seed * 1_000_003 + zlib.crc32(episode_id.encode())) % (2**31)
 
 
 def _openai_tools(schemas: list[dict]) -> list[dict]:

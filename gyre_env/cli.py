@@ -12,6 +12,7 @@ _COMMAND_MODULES = [
     "gyre_env.proxy.cli",
     "gyre_env.trajectory.cli",
     "gyre_env.bench_cli",
+    "gyre_env.train.cli",
 ]
 
 

@@ -91,9 +91,17 @@ class TorchTrainer:
         )
         self.model = model.to(self.device).train()
         self._sharded = self._maybe_shard()
+        self.reset_optimizer()
+        self.reference = None
+        self._version = 0
+        self._offloaded = False
+
+    def reset_optimizer(self, lr: float | None = None) -> None:
+        """A fresh AdamW (and warm-up) at ``lr`` (default ``config.lr``): e.g. between
+        the SFT warm start and RL."""
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
-            lr=self.config.lr,
+            lr=lr if lr is not None else self.config.lr,
             betas=self.config.betas,
             eps=self.config.eps,
             weight_decay=self.config.weight_decay,
@@ -102,9 +110,6 @@ class TorchTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warm) if warm else 1.0
         )
-        self.reference = None
-        self._version = 0
-        self._offloaded = False
 
     # ---- protocol -------------------------------------------------------------------
     @property

@@ -14,7 +14,7 @@ The path from the proxy to the trainer::
     for unit in units:
         packed = pack(unit)                             # PackedTree (numpy arrays)
         batch = packed.tensors()                        # torch tensors, same names
-        ...                                             # see gyre_env.trainers.tree_model
+        ...                                             # see gyre_env.trainers.hf_tree
 
 Records in a proxy JSONL file: ``trees_from_jsonl(records_path, episodes_path)``.
 Only numpy and the standard library are imported here; torch and pyarrow are imported

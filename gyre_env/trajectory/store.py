@@ -170,6 +170,15 @@ class TrajectoryStore:
         if version is None or int(version[0]) != SCHEMA_VERSION:
             raise StoreError(f"{self.path}: schema {version} is not {SCHEMA_VERSION}")
 
+    def meta(self, key: str) -> str | None:
+        """A value of the store's ``meta`` table (e.g. the tokenizer fingerprint)."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
     # ---- writing --------------------------------------------------------------------
     def begin_episode(
         self, *, session: str, run: str = "", task: str = "", group: str = ""

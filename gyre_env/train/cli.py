@@ -1,0 +1,51 @@
+"""``gyre train CONFIG.toml`` / ``gyre train --preset cpu-demo``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a model: SFT warm start, then GRPO/PPO on packed token trees",
+        description=__doc__,
+    )
+    p.add_argument("config", nargs="?", help="a TOML config file (see gyre_env/train/config.py)")
+    p.add_argument("--preset", help="a shipped config instead of a file (cpu-demo)")
+    p.add_argument("--seed", type=int, help="override seed")
+    p.add_argument("--out", help="run folder (default runs/<name>)")
+    p.add_argument("--iterations", type=int, help="override schedule.iterations")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any field, e.g. --set rollout.group_size=4 (repeatable)",
+    )
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gyre_env.train.config import ConfigError, apply_overrides, load_config
+
+    overrides = list(args.set)
+    for key, value in (("seed", args.seed), ("schedule.iterations", args.iterations)):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    if args.out is not None:
+        overrides.append(f"out={args.out!r}")
+    if args.no_progress:
+        overrides.append("logging.progress=false")
+    try:
+        cfg = apply_overrides(load_config(args.config, preset=args.preset), overrides)
+        from gyre_env.train.loop import train
+
+        summary = train(cfg, resume=args.resume)
+    except ConfigError as e:
+        print(f"gyre train: {e}", file=sys.stderr)
+        return 2
+    return 130 if summary.interrupted else 0

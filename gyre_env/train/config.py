@@ -1,0 +1,344 @@
+"""Typed configuration of a training run (``gyre train CONFIG.toml``).
+
+A run is a ``TrainConfig``: nested dataclasses, one per component, every field
+documented where it is defined. A TOML file fills them (tables named like the fields:
+``[model]``, ``[rollout]``, ``[algorithm.loss]``...); unknown keys and wrong types are
+rejected with the dotted key named, before any work starts. Presets are TOML files
+shipped in ``gyre_env/train/presets/`` (``gyre train --preset cpu-demo``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gyre_env.trajectory.sampling import SampleConfig
+
+PRESETS_DIR = Path(__file__).with_name("presets")
+
+
+class ConfigError(ValueError):
+    """A training config that cannot run; the message names the key and the cause."""
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The causal LM that is served and trained (one model for both)."""
+
+    path: str | None = None
+    """A local Hugging Face causal-LM folder; None builds the built-in tiny Qwen2 with the
+    shape below (locally, deterministically, cached)."""
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    initializer_range: float = 0.02
+    """Init std of the built-in model (the serving-only tiny model uses a peaked 0.3)."""
+    seed: int = 0
+    """Seed of the built-in model's weights."""
+    context_length: int = 4096
+    """Context window of the engine and the training units (prompt + output tokens)."""
+
+
+@dataclass(kw_only=True)
+class TasksConfig:
+    """Which tasks train and which evaluate."""
+
+    env_id: str = "Gyre/NL2Repo-nano-v0"
+    """The Gymnasium env the episodes run in."""
+    suite: str = "nano"
+    """Task suite: ``nano`` (generated, with train/heldout splits) or a suite name/folder."""
+    train_count: int = 2000
+    """Tasks in the training pool (nano: drawn from the train split)."""
+    heldout_count: int = 48
+    """Held-out tasks evaluated (nano: the heldout split, disjoint from training)."""
+    seed: int = 0
+    """Seed of the task generator (the split itself does not depend on it)."""
+
+
+@dataclass(kw_only=True)
+class SFTConfig:
+    """Warm start: gold trajectories replayed through the proxy, then NLL on their
+    assistant tokens."""
+
+    trajectories: int = 64
+    """Gold episodes recorded (a fixed set of training tasks; 0 skips SFT)."""
+    steps: int = 60
+    """Optimizer steps over those trajectories."""
+    batch_size: int = 16
+    """Episodes per SFT step."""
+    lr: float = 1e-3
+    """SFT learning rate (RL uses ``algorithm.optim.lr``)."""
+
+
+@dataclass(kw_only=True)
+class AlgorithmConfig:
+    """The RL objective, how trees become samples, and the optimizer."""
+
+    loss: dict = field(default_factory=dict)
+    """``LossConfig`` fields (``gyre_env.trainers.losses``): policy_loss, clip_low,
+    clip_high, tis_cap, kl_coef, entropy_coef, aggregation, max_staleness."""
+    sample: dict = field(default_factory=dict)
+    """``SampleConfig`` fields (``gyre_env.trajectory.sampling``): token_budget,
+    role_weights, normalize_std, max_paths_per_episode (J_max), overflow."""
+    optim: dict = field(default_factory=dict)
+    """``TorchTrainerConfig`` fields (``gyre_env.trainers.torch_backend``): lr, betas,
+    weight_decay, grad_clip, warmup_steps, device, dtype."""
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    """How episodes are collected."""
+
+    group_size: int = 8
+    """G: attempts per task per iteration (one GRPO group)."""
+    tasks_per_iteration: int = 8
+    """Tasks sampled per iteration."""
+    parallel: int = 8
+    """Episodes running at once."""
+    max_new_tokens: int = 128
+    """Completion tokens per model call."""
+    max_steps: int = 3
+    """Tool calls an agent may make per episode."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts (the loss uses the same)."""
+    eval_temperature: float = 1.0
+    """Sampling temperature of held-out evaluation (pass rate of the sampled policy)."""
+    time_limit_s: float = 120.0
+    """Wall-clock limit per episode."""
+
+
+@dataclass(kw_only=True)
+class ScheduleConfig:
+    """The loop's length and rhythm."""
+
+    iterations: int = 20
+    """RL iterations (rollouts, then ``optimizer_steps`` steps, then a weight push)."""
+    optimizer_steps: int = 2
+    """K: optimizer steps per iteration (the iteration's units split into K minibatches)."""
+    eval_every: int = 5
+    """Held-out evaluation every this many iterations (and after the last)."""
+    checkpoint_every: int = 1
+    """Checkpoint every this many iterations (and at the end, and on Ctrl-C)."""
+
+
+@dataclass(kw_only=True)
+class LoggingConfig:
+    """Where metrics go (always ``metrics.jsonl`` under the run folder)."""
+
+    tensorboard: bool = True
+    """TensorBoard event files under ``<out>/tensorboard``."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs ``wandb`` installed)."""
+    wandb_project: str = "gyre"
+    progress: bool = True
+    """Progress bars on stderr."""
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """A whole training run."""
+
+    name: str = "train"
+    """Run name; the default output folder is ``runs/<name>``."""
+    out: str | None = None
+    """Where everything the run writes goes (default ``runs/<name>``)."""
+    seed: int = 0
+    """Seeds task sampling, rollout sampling and the trainer's RNG."""
+    backend: str = "torch"
+    """Training backend: ``torch``."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tasks: TasksConfig = field(default_factory=TasksConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out) if self.out else Path("runs") / self.name
+
+    def loss_config(self):
+        from gyre_env.trainers.losses import LossConfig
+
+        data = dict(self.algorithm.loss)
+        if "temperature" in data:
+            raise ConfigError(
+                "algorithm.loss.temperature: set rollout.temperature (the loss uses it)"
+            )
+        data["temperature"] = self.rollout.temperature
+        return _build(LossConfig, data, "algorithm.loss")
+
+    def sample_config(self) -> SampleConfig:
+        data = dict(self.algorithm.sample)
+        data.setdefault("token_budget", self.model.context_length)
+        return _build(SampleConfig, data, "algorithm.sample")
+
+    def optim_config(self):
+        from gyre_env.trainers.torch_backend import TorchTrainerConfig
+
+        return _build(TorchTrainerConfig, self.algorithm.optim, "algorithm.optim")
+
+    def validate(self) -> None:
+        """Checks that need no I/O: ranges and the nested component configs."""
+        if self.backend != "torch":
+            raise ConfigError(f"backend: {self.backend!r} is not available; use 'torch'")
+        positive = {
+            "rollout.group_size": self.rollout.group_size,
+            "rollout.tasks_per_iteration": self.rollout.tasks_per_iteration,
+            "rollout.parallel": self.rollout.parallel,
+            "rollout.max_new_tokens": self.rollout.max_new_tokens,
+            "rollout.max_steps": self.rollout.max_steps,
+            "schedule.optimizer_steps": self.schedule.optimizer_steps,
+            "schedule.eval_every": self.schedule.eval_every,
+            "schedule.checkpoint_every": self.schedule.checkpoint_every,
+            "tasks.train_count": self.tasks.train_count,
+            "tasks.heldout_count": self.tasks.heldout_count,
+            "sft.batch_size": self.sft.batch_size,
+            "model.context_length": self.model.context_length,
+        }
+        for key, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{key} must be >= 1, got {value}")
+        for key, value in {
+            "schedule.iterations": self.schedule.iterations,
+            "sft.trajectories": self.sft.trajectories,
+            "sft.steps": self.sft.steps,
+        }.items():
+            if value < 0:
+                raise ConfigError(f"{key} must be >= 0, got {value}")
+        if self.rollout.group_size < 2 and self.schedule.iterations:
+            raise ConfigError("rollout.group_size must be >= 2: GRPO compares attempts")
+        self.loss_config()
+        self.sample_config()
+        self.optim_config()
+
+
+def _build(cls, data: dict, where: str):
+    try:
+        return from_dict(cls, data, where)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from e
+
+
+# ---- loading ----------------------------------------------------------------------------
+def from_dict(cls, data: dict, where: str = ""):
+    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or cls.__name__}: expected a table, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        key = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise ConfigError(f"unknown key {key!r}; known keys here: {sorted(fields)}")
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{where}.{name}" if where else name
+        kwargs[name] = _coerce(hints[name], value, key)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{where or cls.__name__}: {e}") from e
+
+
+def _coerce(tp, value, key: str):
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{key} must be one of {typing.get_args(tp)}, got {value!r}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key} must be a list, got {type(value).__name__} {value!r}")
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        items = [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)] if args else value
+        return origin(items)
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a table, got {type(value).__name__} {value!r}")
+        return dict(value)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key} must be a number, got {type(value).__name__} {value!r}")
+        return float(value)
+    if tp in (int, str, bool):
+        if type(value) is not tp:
+            raise ConfigError(f"{key} must be {tp.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    return value
+
+
+def load_config(path: str | Path | None = None, *, preset: str | None = None) -> TrainConfig:
+    """A ``TrainConfig`` from a TOML file or a named preset (validated)."""
+    import tomllib
+
+    if (path is None) == (preset is None):
+        raise ConfigError("give a config file or --preset NAME (one of them)")
+    if preset is not None:
+        path = PRESETS_DIR / f"{preset}.toml"
+        if not path.is_file():
+            known = sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+            raise ConfigError(f"no preset {preset!r}; known presets: {known}")
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no config file at {path}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    try:
+        cfg = from_dict(TrainConfig, data)
+        cfg.validate()
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    return cfg
+
+
+def apply_overrides(cfg: TrainConfig, overrides: list[str]) -> TrainConfig:
+    """``key.sub=value`` overrides (the value parsed as a TOML value, else a string)."""
+    import tomllib
+
+    data = dataclasses.asdict(cfg)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not KEY=VALUE")
+        key, raw = item.split("=", 1)
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                raise ConfigError(f"override {key!r}: {part!r} is not a table")
+            node = node[part]
+        node[parts[-1]] = value
+    cfg = from_dict(TrainConfig, data)
+    cfg.validate()
+    return cfg

@@ -1,0 +1,569 @@
+"""``gyre train``: the synchronous training loop.
+
+    evaluate the random model on held-out tasks
+    SFT: replay gold trajectories through the proxy -> store -> NLL steps -> evaluate
+    repeat: sample tasks -> G episodes each (LangGraph agent, proxy, embedded engine)
+            -> store -> token trees per GRPO group -> bounded units -> packed batches
+            -> K optimizer steps -> push weights to the engine (new version)
+            -> evaluate every N iterations -> checkpoint
+
+Everything a run writes goes under ``cfg.out_dir``: ``store.db`` (every call and outcome:
+training reads what the store holds), ``metrics.jsonl``, ``tensorboard/``,
+``checkpoints/``, ``episodes.jsonl``, ``report.html``. The elastic scheduler will drive
+the same pieces (``run_episodes``, ``units_of``, ``Trainer.train_step``, weight push)
+without this driver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import random
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gyre_env.train.checkpoint import Cursor, load_checkpoint, save_checkpoint, save_cursor
+from gyre_env.train.config import ConfigError, TrainConfig
+from gyre_env.train.rollout import RolloutStats, run_episodes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainSummary:
+    """What a run ended with (also printed)."""
+
+    out_dir: Path
+    evals: list[dict] = field(default_factory=list)
+    interrupted: bool = False
+    wall_s: float = 0.0
+
+    def pass_rate(self, phase: str) -> float | None:
+        rates = [e["pass_rate"] for e in self.evals if e["phase"] == phase]
+        return rates[-1] if rates else None
+
+
+class _Stop:
+    """Ctrl-C: during rollouts it interrupts at once (the runner cancels its episodes);
+    during training it is taken at the next step boundary, so no step is half applied."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.training = False
+
+    def __call__(self, signum, frame) -> None:
+        self.requested = True
+        if not self.training:
+            raise KeyboardInterrupt
+
+    @contextmanager
+    def installed(self):
+        previous = signal.signal(signal.SIGINT, self)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    @contextmanager
+    def train_phase(self):
+        self.training = True
+        try:
+            yield
+        finally:
+            self.training = False
+        if self.requested:
+            raise KeyboardInterrupt
+
+
+def train(cfg: TrainConfig, *, resume: bool = False) -> TrainSummary:
+    """Run ``cfg`` (see the module docstring); ``resume`` continues from its checkpoint."""
+    start = time.monotonic()
+    run = _Run(cfg, resume=resume)
+    stop = _Stop()
+    summary = TrainSummary(out_dir=run.out)
+    try:
+        with stop.installed():
+            run.open()
+            run.loop(stop)
+    except KeyboardInterrupt:
+        summary.interrupted = True
+        run.save()
+        print(
+            f"\ninterrupted: checkpoint saved at step {run.trainer.version}; continue with "
+            f"`gyre train ... --out {run.out} --resume`",
+            file=sys.stderr,
+        )
+    finally:
+        run.close()
+    summary.evals = run.evals
+    summary.wall_s = time.monotonic() - start
+    run.finish(summary)
+    return summary
+
+
+class _Run:
+    """The state of one run; methods are the loop's phases."""
+
+    def __init__(self, cfg: TrainConfig, *, resume: bool):
+        cfg.validate()
+        self.cfg, self.resume = cfg, resume
+        self.out = cfg.out_dir
+        ckpt = self.out / "checkpoints" / "ckpt.pt"
+        if resume and not ckpt.is_file():
+            raise ConfigError(f"--resume: no checkpoint at {ckpt}")
+        if not resume and ckpt.is_file():
+            raise ConfigError(
+                f"{self.out} already holds a run; pass --resume to continue it or choose "
+                "another --out"
+            )
+        self.model_dir = prepare_model(cfg)
+        self.train_tasks, self.heldout = load_tasks(cfg)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.cursor = Cursor()
+        self.evals: list[dict] = []
+        self.trainer = self.service = self.engine = self.store = self.logger = None
+
+    # ---- setup ------------------------------------------------------------------
+    def open(self) -> None:
+        from gyre_env._optional import require
+
+        require("torch", "gyre train")
+        import torch
+
+        from gyre_env.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+        from gyre_env.engines.tiny import load_tokenizer
+        from gyre_env.train.metrics import MetricsLogger
+        from gyre_env.trainers.torch_backend import TorchTrainer
+        from gyre_env.trajectory.store import TrajectoryStore
+
+        cfg = self.cfg
+        t0 = time.monotonic()
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(
+            json.dumps(dataclasses.asdict(cfg), indent=1), encoding="utf-8"
+        )
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.store = TrajectoryStore(self.out / "store.db")
+        check_store_tokenizer(self.store, self.tokenizer, self.model_dir)
+        self.trainer = TorchTrainer(self.model_dir, cfg.optim_config(), cfg.loss_config())
+        if self.resume:
+            self.cursor = load_checkpoint(self.out / "checkpoints", self.trainer, self.rng)
+            self.cursor.resumes += 1
+            self.evals = _read_evals(self.out / "metrics.jsonl")
+        elif cfg.sft.trajectories and cfg.sft.steps:
+            self.trainer.reset_optimizer(cfg.sft.lr)
+        self.logger = MetricsLogger(
+            self.out,
+            tensorboard=cfg.logging.tensorboard,
+            wandb=cfg.logging.wandb,
+            wandb_project=cfg.logging.wandb_project,
+            run_name=cfg.name,
+            config=dataclasses.asdict(cfg),
+            resume=self.resume,
+        )
+        self.engine = EmbeddedEngine(
+            EmbeddedEngineConfig(
+                model_path=str(self.model_dir),
+                max_batch_size=max(cfg.rollout.parallel, 1),
+                context_length=cfg.model.context_length,
+            )
+        )
+        self.service = self._service([self.engine])
+        if self.trainer.version:
+            self.push_weights()
+        self.logger.log("phase", {"phase": "setup", "seconds": time.monotonic() - t0})
+
+    def _service(self, engines):
+        from gyre_env.agents.serving import ModelService, ModelServiceConfig
+
+        return ModelService(
+            ModelServiceConfig(context_length=self.cfg.model.context_length),
+            engines=engines,
+            tokenizer=self.tokenizer,
+            sinks=(_KeepOpen(self.store),),
+        ).start()
+
+    def _agent(self, temperature: float):
+        from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
+
+        r = self.cfg.rollout
+        return LangGraphAgent(
+            LangGraphAgentConfig(
+                max_steps=r.max_steps,
+                max_new_tokens=r.max_new_tokens,
+                temperature=temperature,
+                subagent=False,
+                nudges=0,
+                seed=self.cfg.seed,
+            )
+        )
+
+    # ---- the loop ---------------------------------------------------------------
+    def loop(self, stop: _Stop) -> None:
+        cfg, c = self.cfg, self.cursor
+        if c.phase == "eval_random":
+            self.evaluate("random")
+            c.phase = "sft_record" if cfg.sft.trajectories and cfg.sft.steps else "rl"
+            self.save()
+        if c.phase == "sft_record":
+            self.record_gold()
+            c.phase = "sft_train"
+            save_cursor(self.out / "checkpoints", c)
+        if c.phase == "sft_train":
+            self.sft(stop)
+            self.trainer.reset_optimizer()
+            c.phase = "rl"
+            self.save()
+        while c.phase == "rl" and c.iteration < cfg.schedule.iterations:
+            self.iteration(stop)
+        c.phase = "done"
+        self.save()
+
+    def evaluate(self, phase: str) -> dict:
+        t0 = time.monotonic()
+        c = self.cursor
+        stats = self.episodes(
+            self.heldout,
+            group_size=1,
+            run=f"eval.{phase}.{c.iteration:04d}.r{c.resumes}",
+            temperature=self.cfg.rollout.eval_temperature,
+            desc=f"eval {phase}",
+        )
+        row = {
+            "phase": phase,
+            "iteration": c.iteration,
+            "step": self.trainer.version,
+            "pass_rate": stats.pass_rate,
+            "mean_score": stats.mean_score,
+            "episodes": len(stats.valid),
+            "time_eval": time.monotonic() - t0,
+        }
+        self.logger.log("eval", row)
+        self.evals.append(row)
+        _say(
+            f"held-out {phase} (step {row['step']}): pass rate {stats.pass_rate:.3f}, "
+            f"mean score {stats.mean_score:.3f} over {len(stats.valid)} tasks"
+        )
+        return row
+
+    def episodes(self, tasks, *, group_size, run, temperature, desc) -> RolloutStats:
+        r = self.cfg.rollout
+        stats = run_episodes(
+            service=self.service,
+            agent=self._agent(temperature),
+            tasks=tasks,
+            env_id=self.cfg.tasks.env_id,
+            group_size=group_size,
+            run=run,
+            store=self.store,
+            parallel=r.parallel,
+            time_limit_s=r.time_limit_s,
+            seed=self.cfg.seed,
+            results_path=self.out / "episodes.jsonl",
+            progress=self.cfg.logging.progress,
+            desc=desc,
+        )
+        if stats.infra_errors:
+            log.warning("%s: %d infra errors (excluded, never scored 0)", run, stats.infra_errors)
+        return stats
+
+    def record_gold(self) -> None:
+        """Gold trajectories through the proxy into the store (run ``sft``)."""
+        from gyre_env.proxy.scripted import ScriptedEngine
+        from gyre_env.train.gold import GoldReplay
+
+        t0 = time.monotonic()
+        n = self.cfg.sft.trajectories
+        tasks = [self.train_tasks[i] for i in self.rng.permutation(len(self.train_tasks))[:n]]
+        replay = ScriptedEngine(GoldReplay(self.tokenizer, tasks), name="gold-replay")
+        service, self.service = self.service, self._service([replay])
+        try:
+            stats = self.episodes(tasks, group_size=1, run="sft", temperature=1.0, desc="gold")
+        finally:
+            self.service.stop()
+            self.service = service
+        if stats.mean_score < 1.0:
+            bad = [r.task_id for r in stats.results if r.score != 1.0]
+            raise RuntimeError(f"gold replay did not solve {bad[:5]}: check the tasks' gold")
+        self.logger.log("phase", {"phase": "sft_record", "seconds": time.monotonic() - t0})
+
+    def sft(self, stop: _Stop) -> None:
+        from gyre_env.trainers.protocol import TrainBatch
+
+        t0 = time.monotonic()
+        cfg, c = self.cfg.sft, self.cursor
+        trees = self.store.trees(run="sft")
+        if not trees:
+            raise RuntimeError("no gold trajectories in the store (run 'sft')")
+        bar = _bar(cfg.steps, "sft", self.cfg.logging.progress, initial=c.sft_step)
+        while c.sft_step < cfg.steps:
+            pick = [trees[i] for i in self.rng.choice(len(trees), cfg.batch_size)]
+            units = units_of(pick, self.cfg)
+            with stop.train_phase():
+                m = self.trainer.train_step(TrainBatch(units=units, kind="sft"))
+                c.sft_step += 1
+            self.logger.log("sft", {"step": c.sft_step, **m})
+            if bar is not None:
+                bar.set_postfix_str(f"nll {m['nll']:.3f}")
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        self.push_weights()
+        self.logger.log("phase", {"phase": "sft_train", "seconds": time.monotonic() - t0})
+        self.evaluate("sft")
+
+    def iteration(self, stop: _Stop) -> None:
+        from gyre_env.trainers.protocol import TrainBatch
+
+        cfg, c = self.cfg, self.cursor
+        it = c.iteration
+        t0 = time.monotonic()
+        stats = None
+        if c.rollout_run is None:
+            n = cfg.rollout.tasks_per_iteration
+            tasks = [self.train_tasks[i] for i in self.rng.choice(len(self.train_tasks), n)]
+            tag = f"rl.{it:04d}.r{c.resumes}"
+            stats = self.episodes(
+                tasks,
+                group_size=cfg.rollout.group_size,
+                run=tag,
+                temperature=cfg.rollout.temperature,
+                desc=f"iter {it} rollout",
+            )
+            c.rollout_run = tag
+            save_cursor(self.out / "checkpoints", c)
+        t_rollout = time.monotonic() - t0
+        t1 = time.monotonic()
+        units = units_of(self.store.trees(run=c.rollout_run), cfg, rl=True)
+        order = np.random.default_rng([cfg.seed, it]).permutation(len(units))
+        minibatches = [
+            [units[i] for i in chunk]
+            for chunk in np.array_split(order, min(cfg.schedule.optimizer_steps, len(units)))
+            if len(chunk)
+        ]
+        staleness: dict[str, int] = {}
+        train_tokens = train_s = 0.0
+        while c.minibatch < len(minibatches):
+            batch = TrainBatch(units=minibatches[c.minibatch], kind="rl")
+            _count_lag(staleness, batch, self.trainer.version)
+            with stop.train_phase():
+                m = self.trainer.train_step(batch)
+                c.minibatch += 1
+                c.rl_step += 1
+            train_tokens += m["tokens"]
+            train_s += m["step_s"]
+            self.logger.log("rl", {"step": self.trainer.version, "iteration": it, **m})
+        t_train = time.monotonic() - t1
+        t2 = time.monotonic()
+        self.push_weights()
+        row = {
+            "iteration": it,
+            "step": self.trainer.version,
+            "time_rollout": t_rollout,
+            "time_train": t_train,
+            "time_sync": time.monotonic() - t2,
+            "train_tokens_per_s": train_tokens / train_s if train_s else 0.0,
+            "staleness": staleness,
+            "units": len(units),
+        }
+        if stats is not None:
+            scores = stats.scores
+            row.update(
+                reward_mean=float(scores.mean()) if len(scores) else 0.0,
+                reward_std=float(scores.std()) if len(scores) else 0.0,
+                pass_rate=stats.pass_rate,
+                zero_variance_groups=stats.zero_variance_groups(),
+                episodes=len(stats.results),
+                infra_errors=stats.infra_errors,
+                rollout_tokens_per_s=stats.sampled_tokens / stats.wall_s if stats.wall_s else 0.0,
+                wait_fraction=stats.wait_fraction(),
+            )
+            _say(
+                f"iter {it}: reward {row['reward_mean']:.3f} +- {row['reward_std']:.3f}, "
+                f"pass {stats.pass_rate:.3f}, zero-variance groups "
+                f"{row['zero_variance_groups']:.2f}, step {self.trainer.version} "
+                f"({t_rollout:.0f}s rollout, {t_train:.0f}s train)"
+            )
+        self.logger.log("iteration", row)
+        c.iteration, c.minibatch, c.rollout_run = it + 1, 0, None
+        sched = cfg.schedule
+        if c.iteration % sched.eval_every == 0 or c.iteration == sched.iterations:
+            self.evaluate("rl")
+        if c.iteration % sched.checkpoint_every == 0 or c.iteration == sched.iterations:
+            self.save()
+
+    def push_weights(self) -> None:
+        """The trainer's weights into the engine under the trainer's version."""
+        state = dict(self.trainer.named_parameters())
+        self.service.proxy.call(self.engine.update_weights(state, self.trainer.version))
+
+    # ---- the end ------------------------------------------------------------------
+    def save(self) -> None:
+        if self.trainer is not None:
+            save_checkpoint(self.out / "checkpoints", self.trainer, self.cursor, self.rng)
+
+    def close(self) -> None:
+        if self.service is not None:
+            self.service.stop()
+            self.service = None
+        if self.store is not None:
+            self.store.close()
+        if self.logger is not None:
+            self.logger.close()
+
+    def finish(self, summary: TrainSummary) -> None:
+        from gyre_env.train.report import write_report
+
+        if (self.out / "metrics.jsonl").is_file():
+            try:
+                path = write_report(self.out, title=f"gyre train {self.cfg.name}")
+                _say(f"report: {path}")
+            except Exception as e:  # a report must never cost the run
+                log.warning("could not write the report: %s", e)
+        for phase in ("random", "sft", "rl"):
+            rate = summary.pass_rate(phase)
+            if rate is not None:
+                _say(f"held-out pass rate, {phase}: {rate:.3f}")
+        _say(f"wall time {summary.wall_s:.0f}s; run folder {self.out}")
+
+
+class _KeepOpen:
+    """The store as a record sink that a stopping proxy does not close (several model
+    services write into the one store of a run)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def write(self, record) -> None:
+        self.store.write(record)
+
+    def close(self) -> None:
+        """The run closes the store."""
+
+
+def units_of(trees, cfg: TrainConfig, *, rl: bool = False):
+    """Packed units of ``trees`` under the run's sampling config."""
+    from gyre_env.trajectory.packing import pack
+    from gyre_env.trajectory.sampling import bounded_samples
+
+    sample = cfg.sample_config()
+    if not rl:
+        sample.normalize_std = False
+    units, _ = bounded_samples(trees, sample)
+    return [pack(u) for u in units]
+
+
+def _count_lag(hist: dict[str, int], batch, version: int) -> None:
+    for u in batch.units:
+        lag = version - u.weight_versions[u.loss_mask]
+        for value, count in zip(*np.unique(lag, return_counts=True), strict=True):
+            hist[str(int(value))] = hist.get(str(int(value)), 0) + int(count)
+
+
+def prepare_model(cfg: TrainConfig) -> Path:
+    """The model folder: the user's (checked to be a causal LM with a tokenizer) or the
+    built-in tiny Qwen2 of ``cfg.model``'s shape, built here if missing."""
+    m = cfg.model
+    if m.path is None:
+        from gyre_env.engines.tiny import TinyModelConfig, tiny_model_path
+
+        return tiny_model_path(
+            TinyModelConfig(
+                seed=m.seed,
+                hidden_size=m.hidden_size,
+                intermediate_size=m.intermediate_size,
+                num_layers=m.num_layers,
+                num_heads=m.num_heads,
+                num_kv_heads=m.num_kv_heads,
+                initializer_range=m.initializer_range,
+            )
+        )
+    folder = Path(m.path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ConfigError(
+            f"model.path: {folder} is not a Hugging Face model folder (no config.json)"
+        )
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.path: {folder}: unreadable config.json: {e}") from e
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ConfigError(
+            f"model.path: {folder} holds a {config.model_type!r} model, which is not a causal "
+            "LM (transformers has no AutoModelForCausalLM class for it)"
+        )
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise ConfigError(f"model.path: {folder} has no tokenizer files")
+    return folder
+
+
+def load_tasks(cfg: TrainConfig):
+    """(training pool, held-out tasks); the nano suite's splits are disjoint."""
+    t = cfg.tasks
+    if t.suite == "nano":
+        from gyre_env.tasks.nano import nano_tasks
+
+        train = nano_tasks("train", t.train_count, seed=t.seed)
+        heldout = nano_tasks("heldout", t.heldout_count, seed=t.seed)
+    else:
+        from gyre_env.tasks import load_suite
+
+        tasks = load_suite(t.suite)
+        order = np.random.default_rng(t.seed).permutation(len(tasks))
+        heldout = [tasks[i] for i in order[: t.heldout_count]]
+        train = [tasks[i] for i in order[t.heldout_count :]][: t.train_count]
+    if not train:
+        raise ConfigError(f"tasks: suite {t.suite!r} gives no training tasks")
+    if not heldout:
+        raise ConfigError(f"tasks: suite {t.suite!r} gives no held-out tasks")
+    if cfg.sft.trajectories and cfg.sft.steps and not any(x.gold_dir for x in train):
+        raise ConfigError("sft: no training task has a gold solution to replay")
+    return train, heldout
+
+
+def check_store_tokenizer(store, tokenizer, model_dir: Path) -> None:
+    """A store holds token ids of one tokenizer: refuse to mix in another's."""
+    import hashlib
+
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()), separators=(",", ":"))
+    fingerprint = hashlib.sha256(vocab.encode()).hexdigest()[:16]
+    known = store.meta("tokenizer")
+    if known is None:
+        store.set_meta("tokenizer", fingerprint)
+        store.set_meta("model", str(model_dir))
+    elif known != fingerprint:
+        raise ConfigError(
+            f"{store.path} holds token ids of another tokenizer (model "
+            f"{store.meta('model')}), not {model_dir}'s: use a new --out"
+        )
+
+
+def _read_evals(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return [r for r in rows if r.get("kind") == "eval"]
+
+
+def _bar(total: int, desc: str, enabled: bool, initial: int = 0):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, file=sys.stderr, unit="step", leave=False)
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)

@@ -1,0 +1,131 @@
+"""Episodes for training and evaluation: G attempts per task through the runner, the
+agent calling the policy through the proxy, every call and outcome into the store."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from gyre_env.runner import (
+    EpisodeResult,
+    EpisodeSpec,
+    JsonlResultSink,
+    MultiSink,
+    Runner,
+    RunnerConfig,
+    StoreResultSink,
+)
+
+
+@dataclass
+class RolloutStats:
+    """What one batch of episodes gave."""
+
+    results: list[EpisodeResult]
+    wall_s: float
+
+    @property
+    def valid(self) -> list[EpisodeResult]:
+        return [r for r in self.results if r.reward_valid and r.score is not None]
+
+    @property
+    def scores(self) -> np.ndarray:
+        return np.array([r.score for r in self.valid], dtype=np.float64)
+
+    @property
+    def pass_rate(self) -> float:
+        """Share of valid episodes whose hidden tests all passed."""
+        s = self.scores
+        return float((s >= 1.0).mean()) if len(s) else 0.0
+
+    @property
+    def mean_score(self) -> float:
+        s = self.scores
+        return float(s.mean()) if len(s) else 0.0
+
+    @property
+    def infra_errors(self) -> int:
+        return sum(r.outcome == "infra_error" for r in self.results)
+
+    @property
+    def sampled_tokens(self) -> int:
+        return sum(r.tokens for r in self.results)
+
+    def zero_variance_groups(self) -> float:
+        """Share of groups whose valid attempts all scored the same (no GRPO signal)."""
+        groups: dict[str, list[float]] = {}
+        for r in self.valid:
+            groups.setdefault(r.group, []).append(r.score)
+        if not groups:
+            return 0.0
+        return float(np.mean([len(set(v)) <= 1 for v in groups.values()]))
+
+    def wait_fraction(self) -> float:
+        return float(np.mean([r.wait_fraction for r in self.results])) if self.results else 0.0
+
+
+def run_episodes(
+    *,
+    service,
+    agent,
+    tasks: list,
+    env_id: str,
+    group_size: int,
+    run: str,
+    store,
+    parallel: int,
+    time_limit_s: float,
+    seed: int,
+    results_path=None,
+    progress: bool = True,
+    desc: str = "rollout",
+    env_kwargs: dict | None = None,
+) -> RolloutStats:
+    """``group_size`` attempts of every task (one GRPO group per task), under ``run``."""
+    specs = [
+        EpisodeSpec(
+            episode_id=f"{run}.{task.id}.{k}",
+            env_id=env_id,
+            env_kwargs={**(env_kwargs or {}), "tasks": [task]},
+            reset_options={"task_id": task.id},
+            seed=seed + k,
+            group=task.id,
+        )
+        for task in tasks
+        for k in range(group_size)
+    ]
+    sinks = [StoreResultSink(store, run=run)]
+    if results_path is not None:
+        sinks.append(JsonlResultSink(results_path))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(specs), desc=desc, file=sys.stderr, unit="ep", leave=False)
+
+    def on_result(result: EpisodeResult) -> None:
+        if bar is not None:
+            bar.update(1)
+
+    runner = Runner(
+        agent,
+        RunnerConfig(
+            parallel=parallel, time_limit_s=time_limit_s, max_retries=1, wait_warn_fraction=1.0
+        ),
+        endpoint_factory=lambda session: service.endpoint(session),
+        release_endpoint=service.release,
+        sink=MultiSink(*sinks),
+        on_result=on_result,
+    )
+    start = time.monotonic()
+    try:
+        results = runner.run(specs)
+    finally:
+        for sink in sinks[1:]:
+            sink.close()
+        if bar is not None:
+            bar.close()
+    return RolloutStats(results=results, wall_s=time.monotonic() - start)
