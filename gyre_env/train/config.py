@@ -58,6 +58,9 @@ class TasksConfig:
     """Held-out tasks evaluated (nano: the heldout split, disjoint from training)."""
     seed: int = 0
     """Seed of the task generator (the split itself does not depend on it)."""
+    env_kwargs: dict = field(default_factory=lambda: {"reward_mode": "sparse"})
+    """Extra ``gym.make`` options of every episode. GRPO uses only the final score, so the
+    default skips the per-step shaping checks (a lint and visible-test run per step)."""
 
 
 @dataclass(kw_only=True)
@@ -73,6 +76,9 @@ class SFTConfig:
     """Episodes per SFT step."""
     lr: float = 1e-3
     """SFT learning rate (RL uses ``algorithm.optim.lr``)."""
+    max_seconds: float | None = None
+    """Stop SFT after this much training time even if steps remain (None: no limit). The
+    learning benchmark's control continues SFT for as long as RL ran."""
 
 
 @dataclass(kw_only=True)

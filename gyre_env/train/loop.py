@@ -20,6 +20,7 @@ import dataclasses
 import json
 import logging
 import random
+import shutil
 import signal
 import sys
 import time
@@ -223,10 +224,15 @@ class _Run:
             self.trainer.reset_optimizer()
             c.phase = "rl"
             self.save()
+            shutil.copytree(
+                self.out / "checkpoints", self.out / "checkpoint-sft", dirs_exist_ok=True
+            )
+            self.export(self.out / "model-sft")
         while c.phase == "rl" and c.iteration < cfg.schedule.iterations:
             self.iteration(stop)
         c.phase = "done"
         self.save()
+        self.export(self.out / "model")
 
     def evaluate(self, phase: str) -> dict:
         t0 = time.monotonic()
@@ -255,7 +261,7 @@ class _Run:
         )
         return row
 
-    def episodes(self, tasks, *, group_size, run, temperature, desc) -> RolloutStats:
+    def episodes(self, tasks, *, group_size, run, temperature, desc, group=None) -> RolloutStats:
         r = self.cfg.rollout
         stats = run_episodes(
             service=self.service,
@@ -271,6 +277,8 @@ class _Run:
             results_path=self.out / "episodes.jsonl",
             progress=self.cfg.logging.progress,
             desc=desc,
+            env_kwargs=self.cfg.tasks.env_kwargs,
+            group=group,
         )
         if stats.infra_errors:
             log.warning("%s: %d infra errors (excluded, never scored 0)", run, stats.infra_errors)
@@ -287,7 +295,9 @@ class _Run:
         replay = ScriptedEngine(GoldReplay(self.tokenizer, tasks), name="gold-replay")
         service, self.service = self.service, self._service([replay])
         try:
-            stats = self.episodes(tasks, group_size=1, run="sft", temperature=1.0, desc="gold")
+            stats = self.episodes(  # one group: the shared system prompt is packed once
+                tasks, group_size=1, run="sft", temperature=1.0, desc="gold", group="sft"
+            )
         finally:
             self.service.stop()
             self.service = service
@@ -300,18 +310,28 @@ class _Run:
         from gyre_env.trainers.protocol import TrainBatch
 
         t0 = time.monotonic()
+        from gyre_env.trajectory.tree import build_trees
+
         cfg, c = self.cfg.sft, self.cursor
-        trees = self.store.trees(run="sft")
-        if not trees:
+        episodes = [e for e in self.store.episodes(run="sft") if e.outcome != "infra_error"]
+        if not episodes:
             raise RuntimeError("no gold trajectories in the store (run 'sft')")
+        records = {e.session: list(self.store.records([e.session])) for e in episodes}
         bar = _bar(cfg.steps, "sft", self.cfg.logging.progress, initial=c.sft_step)
+        started = time.monotonic()
         while c.sft_step < cfg.steps:
-            pick = [trees[i] for i in self.rng.choice(len(trees), cfg.batch_size)]
-            units = units_of(pick, self.cfg)
-            with stop.train_phase():
+            if cfg.max_seconds is not None and time.monotonic() - started > cfg.max_seconds:
+                break
+            pick = [
+                episodes[i]
+                for i in self.rng.choice(len(episodes), min(cfg.batch_size, len(episodes)), False)
+            ]
+            trees = build_trees([r for e in pick for r in records[e.session]], pick)
+            units = units_of(trees, self.cfg)
+            with stop.train_phase():  # a Ctrl-C is taken once the step is logged
                 m = self.trainer.train_step(TrainBatch(units=units, kind="sft"))
                 c.sft_step += 1
-            self.logger.log("sft", {"step": c.sft_step, **m})
+                self.logger.log("sft", {"step": c.sft_step, **m})
             if bar is not None:
                 bar.set_postfix_str(f"nll {m['nll']:.3f}")
                 bar.update(1)
@@ -355,13 +375,13 @@ class _Run:
         while c.minibatch < len(minibatches):
             batch = TrainBatch(units=minibatches[c.minibatch], kind="rl")
             _count_lag(staleness, batch, self.trainer.version)
-            with stop.train_phase():
+            with stop.train_phase():  # a Ctrl-C is taken once the step is logged
                 m = self.trainer.train_step(batch)
                 c.minibatch += 1
                 c.rl_step += 1
+                self.logger.log("rl", {"step": self.trainer.version, "iteration": it, **m})
             train_tokens += m["tokens"]
             train_s += m["step_s"]
-            self.logger.log("rl", {"step": self.trainer.version, "iteration": it, **m})
         t_train = time.monotonic() - t1
         t2 = time.monotonic()
         self.push_weights()
@@ -400,6 +420,12 @@ class _Run:
             self.evaluate("rl")
         if c.iteration % sched.checkpoint_every == 0 or c.iteration == sched.iterations:
             self.save()
+
+    def export(self, folder: Path) -> None:
+        """The current weights and the tokenizer as a Hugging Face model folder, which
+        ``gyre bench --model`` or any engine can serve."""
+        self.trainer.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
 
     def push_weights(self) -> None:
         """The trainer's weights into the engine under the trainer's version."""

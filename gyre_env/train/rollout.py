@@ -83,8 +83,10 @@ def run_episodes(
     progress: bool = True,
     desc: str = "rollout",
     env_kwargs: dict | None = None,
+    group: str | None = None,
 ) -> RolloutStats:
-    """``group_size`` attempts of every task (one GRPO group per task), under ``run``."""
+    """``group_size`` attempts of every task (one GRPO group per task, or all in ``group``),
+    under ``run``."""
     specs = [
         EpisodeSpec(
             episode_id=f"{run}.{task.id}.{k}",
@@ -92,7 +94,7 @@ def run_episodes(
             env_kwargs={**(env_kwargs or {}), "tasks": [task]},
             reset_options={"task_id": task.id},
             seed=seed + k,
-            group=task.id,
+            group=group or task.id,
         )
         for task in tasks
         for k in range(group_size)
