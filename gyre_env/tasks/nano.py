@@ -32,6 +32,11 @@ from pathlib import Path
 from gyre_env.tasks.task import Task, load_task
 
 SPLITS = ("train", "heldout")
+NAME_MODES = ("varied", "fixed")
+"""``varied``: each template's pool of function names (the name must be copied from the
+spec); ``fixed``: every function is ``solve`` (what varies is the operation, the
+argument name and the constant), a family a tiny model learns within minutes."""
+FIXED_NAME = "solve"
 HELDOUT_PERCENT = 20
 """Share of variant keys (template, name, constant) that go to ``heldout``."""
 GENERATOR_VERSION = 1
@@ -436,7 +441,10 @@ class Variant:
 
     @property
     def key(self) -> tuple[str, str, str]:
-        """The split unit: (template, function name, constant)."""
+        """The split unit: (template, function name, constant); with the fixed name,
+        (template, argument names, constant)."""
+        if self.name == FIXED_NAME:
+            return (self.template.key, f"args={self.args}", repr(self.const))
         return (self.template.key, self.name, repr(self.const))
 
     @property
@@ -459,8 +467,9 @@ def heldout_keys() -> frozenset[tuple[str, str, str]]:
     (at least one) with the lowest stable hash, so every template is in both splits."""
     out = set()
     for t in TEMPLATES:
-        keys = sorted({v.key for v in _template_variants(t)}, key=_rank)
-        out.update(keys[: max(1, round(len(keys) * HELDOUT_PERCENT / 100))])
+        for names in NAME_MODES:
+            keys = sorted({v.key for v in _template_variants(t, names)}, key=_rank)
+            out.update(keys[: max(1, round(len(keys) * HELDOUT_PERCENT / 100))])
     return frozenset(out)
 
 
@@ -469,16 +478,19 @@ def split_of(key: tuple[str, str, str]) -> str:
     return "heldout" if key in heldout_keys() else "train"
 
 
-def all_variants() -> list[Variant]:
+def all_variants(names: str = "varied") -> list[Variant]:
     """Every variant of every template, in a fixed order."""
-    return [v for t in TEMPLATES for v in _template_variants(t)]
+    if names not in NAME_MODES:
+        raise ValueError(f"names must be one of {NAME_MODES}, got {names!r}")
+    return [v for t in TEMPLATES for v in _template_variants(t, names)]
 
 
-def _template_variants(t: Template) -> list[Variant]:
+def _template_variants(t: Template, names: str = "varied") -> list[Variant]:
     out = []
     for const in t.consts:
         word = _DIGITS[const] if isinstance(const, int) else const
-        for name in dict.fromkeys(n.format(w=word) for n in t.names):
+        pool = [FIXED_NAME] if names == "fixed" else [n.format(w=word) for n in t.names]
+        for name in dict.fromkeys(pool):
             for args in _ARGS[t.kind]:
                 for phrasing in range(len(t.phrasings)):
                     out.append(Variant(t, name, args, const, phrasing))
@@ -562,14 +574,16 @@ def materialise(v: Variant, root: Path) -> Path:
     return folder
 
 
-def sample_variants(split: str, count: int | None, seed: int) -> list[Variant]:
+def sample_variants(
+    split: str, count: int | None, seed: int, names: str = "varied"
+) -> list[Variant]:
     """``count`` variants of ``split`` (all when None), round-robin over the templates in a
     seeded order, each template's variants in a seeded order: balanced and deterministic."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r} is not one of {SPLITS}")
-    rng = random.Random(f"nano|{split}|{seed}")
+    rng = random.Random(f"nano|{split}|{seed}" + ("" if names == "varied" else f"|{names}"))
     pools: dict[str, list[Variant]] = {}
-    for v in all_variants():
+    for v in all_variants(names):
         if split_of(v.key) == split:
             pools.setdefault(v.template.key, []).append(v)
     for pool in pools.values():
@@ -596,6 +610,7 @@ def nano_tasks(
     count: int | str | None = 256,
     seed: int | str = 0,
     root: str | Path | None = None,
+    names: str = "varied",
 ) -> list[Task]:
     """``count`` nano tasks of ``split`` for ``seed``, as loaded task folders (sorted by id).
 
@@ -603,7 +618,7 @@ def nano_tasks(
     ``count`` and ``seed`` are accepted for ``gyre tasks -o count=32``.
     """
     count = None if count is None else int(count)
-    variants = sample_variants(split, count, int(seed))
+    variants = sample_variants(split, count, int(seed), names)
     base = Path(root).expanduser() if root is not None else default_root()
     base.mkdir(parents=True, exist_ok=True)
     tasks = [load_task(materialise(v, base)) for v in variants]

@@ -58,6 +58,8 @@ class TasksConfig:
     """Held-out tasks evaluated (nano: the heldout split, disjoint from training)."""
     seed: int = 0
     """Seed of the task generator (the split itself does not depend on it)."""
+    suite_kwargs: dict = field(default_factory=dict)
+    """Options of the suite loader, e.g. ``{names = "fixed"}`` for nano."""
     env_kwargs: dict = field(default_factory=lambda: {"reward_mode": "sparse"})
     """Extra ``gym.make`` options of every episode. GRPO uses only the final score, so the
     default skips the per-step shaping checks (a lint and visible-test run per step)."""

@@ -541,12 +541,15 @@ def load_tasks(cfg: TrainConfig):
     if t.suite == "nano":
         from gyre_env.tasks.nano import nano_tasks
 
-        train = nano_tasks("train", t.train_count, seed=t.seed)
-        heldout = nano_tasks("heldout", t.heldout_count, seed=t.seed)
+        try:
+            train = nano_tasks("train", t.train_count, seed=t.seed, **t.suite_kwargs)
+            heldout = nano_tasks("heldout", t.heldout_count, seed=t.seed, **t.suite_kwargs)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"tasks: {e}") from e
     else:
         from gyre_env.tasks import load_suite
 
-        tasks = load_suite(t.suite)
+        tasks = load_suite(t.suite, **t.suite_kwargs)
         order = np.random.default_rng(t.seed).permutation(len(tasks))
         heldout = [tasks[i] for i in order[: t.heldout_count]]
         train = [tasks[i] for i in order[t.heldout_count :]][: t.train_count]

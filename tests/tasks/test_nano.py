@@ -155,3 +155,22 @@ def test_a_wrong_constant_earns_partial_credit(root, tmp_path):
     task.gold_dir = wrong
     result = run_preflight(task)
     assert result.passed == 1 and result.score == 0.25
+
+
+def test_fixed_names_family_is_disjoint_by_operation_arguments_and_constant():
+    """``names="fixed"``: every function is ``solve``; held-out (template, argument
+    names, constant) keys never occur in training, whatever the phrasing."""
+    from gyre_env.tasks import nano
+
+    train = nano.sample_variants("train", None, 0, names="fixed")
+    heldout = nano.sample_variants("heldout", None, 0, names="fixed")
+    assert {v.name for v in train + heldout} == {"solve"}
+    assert len(train) > 700 and len(heldout) > 150
+    assert not {v.key for v in train} & {v.key for v in heldout}
+    assert not {nano.render(v)["spec.md"] for v in train} & {
+        nano.render(v)["spec.md"] for v in heldout
+    }
+    tasks = nano.nano_tasks("heldout", 4, seed=1, names="fixed")
+    assert all("solve(" in t.spec for t in tasks)
+    with pytest.raises(ValueError, match="names must be one of"):
+        nano.all_variants("random")
