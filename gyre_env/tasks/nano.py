@@ -574,8 +574,21 @@ def materialise(v: Variant, root: Path) -> Path:
     return folder
 
 
+def select_templates(only: str | None) -> set[str]:
+    """Template keys named by ``only``: comma-separated template keys and/or domains
+    (``arithmetic``, ``strings``, ``lists``, ``conditionals``); None: all."""
+    if only is None:
+        return {t.key for t in TEMPLATES}
+    wanted = {w.strip() for w in only.split(",") if w.strip()}
+    known = {t.key for t in TEMPLATES} | {t.domain for t in TEMPLATES}
+    unknown = sorted(wanted - known)
+    if unknown or not wanted:
+        raise ValueError(f"unknown nano templates/domains {unknown}; known: {sorted(known)}")
+    return {t.key for t in TEMPLATES if t.key in wanted or t.domain in wanted}
+
+
 def sample_variants(
-    split: str, count: int | None, seed: int, names: str = "varied"
+    split: str, count: int | None, seed: int, names: str = "varied", only: str | None = None
 ) -> list[Variant]:
     """``count`` variants of ``split`` (all when None), round-robin over the templates in a
     seeded order, each template's variants in a seeded order: balanced and deterministic."""
@@ -583,8 +596,9 @@ def sample_variants(
         raise ValueError(f"split {split!r} is not one of {SPLITS}")
     rng = random.Random(f"nano|{split}|{seed}" + ("" if names == "varied" else f"|{names}"))
     pools: dict[str, list[Variant]] = {}
+    keep = select_templates(only)
     for v in all_variants(names):
-        if split_of(v.key) == split:
+        if v.template.key in keep and split_of(v.key) == split:
             pools.setdefault(v.template.key, []).append(v)
     for pool in pools.values():
         rng.shuffle(pool)
@@ -611,14 +625,16 @@ def nano_tasks(
     seed: int | str = 0,
     root: str | Path | None = None,
     names: str = "varied",
+    only: str | None = None,
 ) -> list[Task]:
     """``count`` nano tasks of ``split`` for ``seed``, as loaded task folders (sorted by id).
 
-    ``root`` is where the folders are written (default ``default_root()``). String
+    ``root`` is where the folders are written (default ``default_root()``); ``names`` is
+    a ``NAME_MODES`` entry; ``only`` restricts the templates (``select_templates``). String
     ``count`` and ``seed`` are accepted for ``gyre tasks -o count=32``.
     """
     count = None if count is None else int(count)
-    variants = sample_variants(split, count, int(seed), names)
+    variants = sample_variants(split, count, int(seed), names, only)
     base = Path(root).expanduser() if root is not None else default_root()
     base.mkdir(parents=True, exist_ok=True)
     tasks = [load_task(materialise(v, base)) for v in variants]

@@ -174,3 +174,18 @@ def test_fixed_names_family_is_disjoint_by_operation_arguments_and_constant():
     assert all("solve(" in t.spec for t in tasks)
     with pytest.raises(ValueError, match="names must be one of"):
         nano.all_variants("random")
+
+
+def test_only_restricts_templates_without_moving_the_split():
+    from gyre_env.tasks import nano
+
+    arith = nano.sample_variants("heldout", None, 0, names="fixed", only="arithmetic")
+    assert {v.template.key for v in arith} == {"add", "sub", "mul", "floordiv", "mod"}
+    every = nano.sample_variants("heldout", None, 0, names="fixed")
+    assert {v.key for v in arith} <= {v.key for v in every}  # same split, fewer templates
+    assert {v.template.key for v in nano.sample_variants("train", 5, 0, only="add,sorted")} == {
+        "add",
+        "sorted",
+    }
+    with pytest.raises(ValueError, match="unknown nano templates"):
+        nano.select_templates("arithmetics")
