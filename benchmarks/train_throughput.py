@@ -52,10 +52,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import torch
-
-    from gyre_env.engines.tiny import TinyModelConfig, tiny_model_path
     from gyre_env.trainers.protocol import TrainBatch
     from gyre_env.trainers.torch_backend import TorchTrainer, TorchTrainerConfig
+
+    from gyre_env.engines.tiny import TinyModelConfig, tiny_model_path
     from gyre_env.trajectory.packing import pack
     from gyre_env.trajectory.sampling import SampleConfig, bounded_samples
 
