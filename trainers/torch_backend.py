@@ -90,6 +90,7 @@ class TorchTrainer:
             self.model_path, dtype=_DTYPES[self.config.dtype]
         )
         self.model = model.to(self.device).train()
+        self._forward = _TreeForward(self.model)
         self._sharded = self._maybe_shard()
         self.reset_optimizer()
         self.reference = None
@@ -168,9 +169,7 @@ class TorchTrainer:
             extra["proximal"] = self.logprobs(t, attn)
         if rl and cfg.kl_coef > 0:
             extra["reference"] = self.logprobs(t, attn, model=self.reference)
-        lp, ent = tree_logprobs(
-            self.model, t, attn, temperature=cfg.temperature if rl else 1.0, with_entropy=True
-        )
+        lp, ent = self._forward(t, attn, temperature=cfg.temperature if rl else 1.0)
         terms = LossTerms.from_batch(t, lp, agg, entropy=ent, **extra)
         if not rl:
             return sft_loss(terms, normalizer=normalizer)
@@ -196,12 +195,14 @@ class TorchTrainer:
     @torch.no_grad()
     def logprobs(self, t: dict, attention, *, model=None) -> torch.Tensor:
         """Loss-token logprobs of a packed batch under ``model`` (default: the policy)."""
-        model = model if model is not None else self.model
-        lp, _ = tree_logprobs(model, t, attention, temperature=self.loss.temperature)
-        return lp
+        if model is None:
+            return self._forward(t, attention, temperature=self.loss.temperature)[0]
+        return tree_logprobs(model, t, attention, temperature=self.loss.temperature)[0]
 
     def set_reference(self) -> None:
         """Freeze a copy of the current weights as the KL reference model."""
+        if self._sharded:
+            raise NotImplementedError("a KL reference model is not supported under FSDP yet")
         self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
 
     def state_dict(self) -> dict:
@@ -274,5 +275,22 @@ class TorchTrainer:
 
         for layer in self.model.get_decoder().layers:
             fully_shard(layer)
-        fully_shard(self.model)
+        # The root unit is the training forward, so the parameters outside the layers
+        # (embeddings, final norm, LM head, used directly by tree_logprobs) are gathered
+        # before it and their gradients reduced after its backward.
+        fully_shard(self._forward)
         return True
+
+
+class _TreeForward(torch.nn.Module):
+    """The training forward as a module (FSDP2's root unit): loss-token logprobs and
+    entropies of a packed batch."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: dict, attention, temperature: float = 1.0):
+        return tree_logprobs(
+            self.model, batch, attention, temperature=temperature, with_entropy=True
+        )
