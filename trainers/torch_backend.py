@@ -15,6 +15,7 @@ rank training on its own share of the batch.
 from __future__ import annotations
 
 import copy
+import os
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -53,6 +54,9 @@ class TorchTrainerConfig:
     """Block size of the sparse tree attention."""
     fsdp: bool | None = None
     """Shard with FSDP2; None: when ``torch.distributed`` runs with more than one rank."""
+    num_threads: int | None = None
+    """torch CPU threads during a train step (restored after it: an embedded engine in the
+    same process keeps its own setting between steps); None: every core."""
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
@@ -120,6 +124,15 @@ class TorchTrainer:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         if self._offloaded:
             raise RuntimeError("the trainer is offloaded; call onload() before train_step()")
+        previous = torch.get_num_threads()
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.config.num_threads or os.cpu_count() or 1)
+        try:
+            return self._train_step(batch)
+        finally:
+            torch.set_num_threads(previous)
+
+    def _train_step(self, batch: TrainBatch) -> dict[str, float]:
         start = time.perf_counter()
         rl = batch.kind == "rl"
         agg = self.loss.aggregation if rl else "token"

@@ -116,6 +116,8 @@ class RolloutConfig:
     """Sampling temperature of training rollouts (the loss uses the same)."""
     eval_temperature: float = 1.0
     """Sampling temperature of held-out evaluation (pass rate of the sampled policy)."""
+    eval_attempts: int = 1
+    """Attempts per held-out task in an evaluation (more: a less noisy pass rate)."""
     time_limit_s: float = 120.0
     """Wall-clock limit per episode."""
 
@@ -202,6 +204,7 @@ class TrainConfig:
             "rollout.parallel": self.rollout.parallel,
             "rollout.max_new_tokens": self.rollout.max_new_tokens,
             "rollout.max_steps": self.rollout.max_steps,
+            "rollout.eval_attempts": self.rollout.eval_attempts,
             "schedule.optimizer_steps": self.schedule.optimizer_steps,
             "schedule.eval_every": self.schedule.eval_every,
             "schedule.checkpoint_every": self.schedule.checkpoint_every,

@@ -239,7 +239,7 @@ class _Run:
         c = self.cursor
         stats = self.episodes(
             self.heldout,
-            group_size=1,
+            group_size=self.cfg.rollout.eval_attempts,
             run=f"eval.{phase}.{c.iteration:04d}.r{c.resumes}",
             temperature=self.cfg.rollout.eval_temperature,
             desc=f"eval {phase}",
@@ -257,7 +257,7 @@ class _Run:
         self.evals.append(row)
         _say(
             f"held-out {phase} (step {row['step']}): pass rate {stats.pass_rate:.3f}, "
-            f"mean score {stats.mean_score:.3f} over {len(stats.valid)} tasks"
+            f"mean score {stats.mean_score:.3f} over {len(stats.valid)} episodes"
         )
         return row
 
