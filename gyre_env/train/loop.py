@@ -350,7 +350,8 @@ class _Run:
         stats = None
         if c.rollout_run is None:
             n = cfg.rollout.tasks_per_iteration
-            tasks = [self.train_tasks[i] for i in self.rng.choice(len(self.train_tasks), n)]
+            pool = len(self.train_tasks)
+            tasks = [self.train_tasks[i] for i in self.rng.choice(pool, n, replace=n > pool)]
             tag = f"rl.{it:04d}.r{c.resumes}"
             stats = self.episodes(
                 tasks,

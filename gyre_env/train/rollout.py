@@ -89,14 +89,14 @@ def run_episodes(
     under ``run``."""
     specs = [
         EpisodeSpec(
-            episode_id=f"{run}.{task.id}.{k}",
+            episode_id=f"{run}.{i}.{task.id}.{k}",
             env_id=env_id,
             env_kwargs={**(env_kwargs or {}), "tasks": [task]},
             reset_options={"task_id": task.id},
             seed=seed + k,
             group=group or task.id,
         )
-        for task in tasks
+        for i, task in enumerate(tasks)
         for k in range(group_size)
     ]
     sinks = [StoreResultSink(store, run=run)]
