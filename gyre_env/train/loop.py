@@ -550,7 +550,10 @@ def load_tasks(cfg: TrainConfig):
     else:
         from gyre_env.tasks import load_suite
 
-        tasks = load_suite(t.suite, **t.suite_kwargs)
+        try:
+            tasks = load_suite(t.suite, **t.suite_kwargs)
+        except (KeyError, TypeError, ValueError, FileNotFoundError) as e:
+            raise ConfigError(f"tasks: suite {t.suite!r}: {e}") from e
         order = np.random.default_rng(t.seed).permutation(len(tasks))
         heldout = [tasks[i] for i in order[: t.heldout_count]]
         train = [tasks[i] for i in order[t.heldout_count :]][: t.train_count]

@@ -116,17 +116,19 @@ def test_bad_inputs_fail_before_any_work(tmp_path):
     another model's tokenizer: each a clear error, before any episode runs."""
     from gyre_env.train import train
 
-    enc = tmp_path / "bert"
+    enc = tmp_path / "t5"
     enc.mkdir()
-    (enc / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(ConfigError, match="'bert' model, which is not a causal LM"):
+    (enc / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    with pytest.raises(ConfigError, match="'t5' model, which is not a causal LM"):
         train(_cfg(tmp_path, f"model.path={str(enc)!r}"))
     with pytest.raises(ConfigError, match="not a Hugging Face model folder"):
         train(_cfg(tmp_path, f"model.path={str(tmp_path / 'nothing')!r}"))
     empty = tmp_path / "no-tasks"
     empty.mkdir()
-    with pytest.raises(ConfigError, match="gives no"):
+    with pytest.raises(ConfigError, match="takes no options"):
         train(_cfg(tmp_path, f"tasks.suite={str(empty)!r}"))
+    with pytest.raises(ConfigError, match="no task folders"):
+        train(_cfg(tmp_path, f"tasks.suite={str(empty)!r}", "tasks.suite_kwargs={}"))
 
     from gyre_env.trajectory.store import TrajectoryStore
 
