@@ -47,15 +47,21 @@ def run_seed(seed: int, args) -> dict:
     from gyre_env.train import apply_overrides, load_config, train
     from gyre_env.train.checkpoint import Cursor
 
-    out = Path(args.out) / f"seed{seed}"
-    shutil.rmtree(out, ignore_errors=True)
     base = [*args.set, f"seed={seed}", "logging.tensorboard=false"]
     if args.no_progress:
         base.append("logging.progress=false")
-    cfg = apply_overrides(load_config(preset=args.preset), [*base, f"out={str(out)!r}"])
-    start = time.monotonic()
-    summary = train(cfg)
-    wall_a = time.monotonic() - start
+    existing = dict(item.split("=", 1) for item in args.existing)
+    if str(seed) in existing:  # a finished `gyre train --preset P --seed S` run folder
+        out = Path(existing[str(seed)])
+        wall_a = None
+    else:
+        out = Path(args.out) / f"seed{seed}"
+        shutil.rmtree(out, ignore_errors=True)
+        cfg = apply_overrides(load_config(preset=args.preset), [*base, f"out={str(out)!r}"])
+        start = time.monotonic()
+        train(cfg)
+        wall_a = time.monotonic() - start
+    evals = _rows(out, "eval")
     secs = _phase_seconds(out)
 
     # The control: run A's SFT checkpoint, SFT continued for as long as A's RL ran.
@@ -81,19 +87,24 @@ def run_seed(seed: int, args) -> dict:
     csummary = train(ccfg, resume=True)
     wall_c = time.monotonic() - start
     control_steps = len(_rows(control, "sft"))
-    return {
+    last = {e["phase"]: e["pass_rate"] for e in evals}
+    row = {
         "seed": seed,
-        "random": summary.pass_rate("random"),
-        "sft": summary.pass_rate("sft"),
-        "rl": summary.pass_rate("rl"),
+        "run": str(out),
+        "random": last.get("random"),
+        "sft": last.get("sft"),
+        "rl": last.get("rl"),
         "control": csummary.pass_rate("sft"),
         "sft_steps": sft_steps,
         "control_sft_steps": control_steps,
         "seconds": secs,
         "wall_run": wall_a,
         "wall_control": wall_c,
-        "curve": [(e["iteration"], e["phase"], e["pass_rate"]) for e in _rows(out, "eval")],
+        "curve": [(e["iteration"], e["phase"], e["pass_rate"]) for e in evals],
     }
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / f"seed{seed}.json").write_text(json.dumps(row, indent=1), encoding="utf-8")
+    return row
 
 
 def _rewind_to_sft(folder: Path, cursor_cls) -> None:
@@ -118,12 +129,27 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="runs/train-cpu-bench")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--existing",
+        action="append",
+        default=[],
+        metavar="SEED=DIR",
+        help="use this finished run folder as run A of SEED (only its control runs)",
+    )
+    p.add_argument(
+        "--table-only",
+        action="store_true",
+        help="run nothing: print the table of the seed*.json results already under --out",
+    )
     args = p.parse_args(argv)
-    rows = []
-    for seed in args.seeds:
-        print(f"== seed {seed}", file=sys.stderr, flush=True)
-        rows.append(run_seed(seed, args))
     out = Path(args.out)
+    if args.table_only:
+        rows = [json.loads(f.read_text()) for f in sorted(out.glob("seed*.json"))]
+    else:
+        rows = []
+        for seed in args.seeds:
+            print(f"== seed {seed}", file=sys.stderr, flush=True)
+            rows.append(run_seed(seed, args))
     (out / "summary.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
     print(f"\nheld-out nano pass rate (preset {args.preset}; sampled at the eval temperature)")
     print("seed  random    sft     rl   control  rl-sft | wall s: sft_record sft_train   rl  eval")
