@@ -19,7 +19,7 @@ import sys
 import time
 
 
-def _groups(args):
+def _groups(args, vocab: int):
     from gyre_env.trajectory.synthetic import grpo_group
     from gyre_env.trajectory.tree import build_trees
 
@@ -32,7 +32,7 @@ def _groups(args):
     for g in range(args.groups):  # nano-shaped: ~520-token shared prompt, 8 attempts, 2 turns
         records, episodes = grpo_group(
             group_size=args.group_size, prompt_len=520, turns=2, turn_tokens=40,
-            vocab=4000, seed=g, group=f"g{g}",
+            vocab=vocab, seed=g, group=f"g{g}",
         )  # fmt: skip
         for k, e in enumerate(episodes):
             e.reward = float(k % 3 == 0)
@@ -66,7 +66,9 @@ def main(argv=None) -> int:
             hidden_size=256, intermediate_size=512, num_layers=4, initializer_range=0.02
         )
     )
-    trees = _groups(args)
+    from transformers import AutoConfig
+
+    trees = _groups(args, AutoConfig.from_pretrained(model).vocab_size)
     units, _ = bounded_samples(trees, SampleConfig(token_budget=4096))
     layouts = {"tree": [pack(u) for u in units], "flat": [pack(u, flat=True) for u in units]}
     flat_tokens = sum(len(u) for u in layouts["flat"])
