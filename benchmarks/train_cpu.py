@@ -71,7 +71,7 @@ def run_seed(seed: int, args) -> dict:
     shutil.copytree(out / "checkpoint-sft", control / "checkpoints")
     shutil.copy(out / "store.db", control / "store.db")
     shutil.copy(out / "metrics.jsonl", control / "metrics.jsonl")
-    _rewind_to_sft(control / "checkpoints", Cursor)
+    _rewind_to_sft(control / "checkpoints", Cursor, load_config(preset=args.preset).sft.lr)
     sft_steps = len(_rows(out, "sft"))
     ccfg = apply_overrides(
         load_config(preset=args.preset),
@@ -107,12 +107,18 @@ def run_seed(seed: int, args) -> dict:
     return row
 
 
-def _rewind_to_sft(folder: Path, cursor_cls) -> None:
-    """Point the copied post-SFT checkpoint back at the SFT phase (steps done kept)."""
+def _rewind_to_sft(folder: Path, cursor_cls, sft_lr: float) -> None:
+    """Point the copied post-SFT checkpoint back at the SFT phase (steps done kept) and
+    its (fresh, RL) optimizer at the SFT learning rate: the control is SFT continued."""
     import torch
 
     state = torch.load(folder / "ckpt.pt", weights_only=False)
     state["cursor"]["phase"] = "sft_train"
+    for group in state["trainer"]["optimizer"]["param_groups"]:
+        group["lr"] = sft_lr
+    state["trainer"]["scheduler"]["base_lrs"] = [sft_lr] * len(
+        state["trainer"]["scheduler"]["base_lrs"]
+    )
     torch.save(state, folder / "ckpt.pt")
     (folder / "cursor.json").write_text(json.dumps(state["cursor"]), encoding="utf-8")
     cursor_cls(**state["cursor"])  # still a valid cursor
