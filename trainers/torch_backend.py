@@ -192,9 +192,8 @@ class TorchTrainer:
     def _metrics(sums: dict, batch: TrainBatch, grad_norm: float, lr: float, seconds: float):
         tokens = max(sums.pop("tokens", 0.0), 1.0)
         out = {"loss": sums.pop("loss"), "grad_norm": grad_norm, "lr": lr}
-        for key in ("kl_ref",):
-            if key in sums:
-                out[key] = sums.pop(key)
+        if "kl_ref" in sums:  # already normalized like the loss
+            out["kl_ref"] = sums.pop("kl_ref")
         for key, value in sums.items():  # token sums -> per-token means
             out[key] = value / tokens
         out.update(
@@ -258,9 +257,8 @@ class TorchTrainer:
 
     def _move(self, device: torch.device) -> None:
         self.model.to(device)
-        for models in (self.reference,):
-            if models is not None:
-                models.to(device)
+        if self.reference is not None:
+            self.reference.to(device)
         for state in self.optimizer.state.values():
             for k, v in state.items():
                 if isinstance(v, torch.Tensor):
