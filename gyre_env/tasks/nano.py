@@ -39,16 +39,18 @@ argument name and the constant), a family a tiny model learns within minutes."""
 FIXED_NAME = "solve"
 HELDOUT_PERCENT = 20
 """Share of variant keys (template, name, constant) that go to ``heldout``."""
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 """Bump when generated content changes meaning; it seeds ids and the split hash."""
 
 _DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _ARGS = {
-    "int": ("x", "n", "num", "value"),
-    "str": ("s", "text", "word"),
-    "list": ("xs", "nums", "items", "values"),
-    "pair": ("a, b", "x, y", "m, n"),
+    "int": ("x", "n", "num", "value", "k", "m", "y", "i", "count", "size", "total", "amount"),
+    "str": ("s", "text", "word", "name", "line", "label", "key", "msg", "title", "code"),
+    "list": ("xs", "nums", "items", "values", "data", "arr", "seq", "vals", "elems", "ys"),
+    "pair": ("a, b", "x, y", "m, n", "p, q", "i, j", "u, v"),
 }
+"""Argument names per kind. Many, so that a model cannot pass by memorising which name
+goes with which operation: it must copy the name the spec gives."""
 # python3, not python: a debootstrap-built gyre-base has no `python` (the grader shims
 # both names; the visible tests run in the agent's sandbox as they are written).
 _PYTEST = "python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors"

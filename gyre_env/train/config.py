@@ -71,7 +71,8 @@ class SFTConfig:
     assistant tokens."""
 
     trajectories: int = 64
-    """Gold episodes recorded (a fixed set of training tasks; 0 skips SFT)."""
+    """Gold episodes recorded: this many training tasks with gold, drawn for the seed
+    (0 skips SFT). RL draws its tasks from the rest of the training pool."""
     steps: int = 60
     """Optimizer steps over those trajectories."""
     batch_size: int = 16
@@ -93,6 +94,11 @@ class AlgorithmConfig:
     sample: dict = field(default_factory=dict)
     """``SampleConfig`` fields (``gyre_env.trajectory.sampling``): token_budget,
     role_weights, normalize_std, max_paths_per_episode (J_max), overflow."""
+    skip_zero_variance: bool = True
+    """Leave out of the optimizer steps the groups whose rewards are all equal (their
+    GRPO advantages are all 0, so they carry no signal and would only dilute a
+    token-level normaliser: DAPO's dynamic-sampling filter). Their share is logged as
+    ``zero_variance_groups``."""
     optim: dict = field(default_factory=dict)
     """``TorchTrainerConfig`` fields (``gyre_env.trainers.torch_backend``): lr, betas,
     weight_decay, grad_clip, warmup_steps, device, dtype."""
@@ -129,7 +135,12 @@ class ScheduleConfig:
     iterations: int = 20
     """RL iterations (rollouts, then ``optimizer_steps`` steps, then a weight push)."""
     optimizer_steps: int = 2
-    """K: optimizer steps per iteration (the iteration's units split into K minibatches)."""
+    """K: optimizer steps per epoch; the iteration's groups are split into K minibatches
+    (fewer when fewer groups carry signal), each packed on its own."""
+    epochs: int = 1
+    """Passes over the iteration's groups (PPO epochs; reshuffled each pass). Steps
+    after the first see a moved policy: the PPO ratio and its clip keep them near the
+    behaviour policy."""
     eval_every: int = 5
     """Held-out evaluation every this many iterations (and after the last)."""
     checkpoint_every: int = 1
@@ -206,6 +217,7 @@ class TrainConfig:
             "rollout.max_steps": self.rollout.max_steps,
             "rollout.eval_attempts": self.rollout.eval_attempts,
             "schedule.optimizer_steps": self.schedule.optimizer_steps,
+            "schedule.epochs": self.schedule.epochs,
             "schedule.eval_every": self.schedule.eval_every,
             "schedule.checkpoint_every": self.schedule.checkpoint_every,
             "tasks.train_count": self.tasks.train_count,

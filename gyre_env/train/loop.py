@@ -10,7 +10,7 @@
 Everything a run writes goes under ``cfg.out_dir``: ``store.db`` (every call and outcome:
 training reads what the store holds), ``metrics.jsonl``, ``tensorboard/``,
 ``checkpoints/``, ``episodes.jsonl``, ``report.html``. The elastic scheduler will drive
-the same pieces (``run_episodes``, ``units_of``, ``Trainer.train_step``, weight push)
+the same pieces (``run_episodes``, ``rl_minibatches``, ``Trainer.train_step``, weight push)
 without this driver.
 """
 
@@ -127,6 +127,7 @@ class _Run:
         self.model_dir = prepare_model(cfg)
         self.train_tasks, self.heldout = load_tasks(cfg)
         self.rng = np.random.default_rng(cfg.seed)
+        self.gold_tasks, self.rl_tasks = split_pool(cfg, self.train_tasks)
         self.cursor = Cursor()
         self.evals: list[dict] = []
         self.trainer = self.service = self.engine = self.store = self.logger = None
@@ -290,8 +291,7 @@ class _Run:
         from gyre_env.train.gold import GoldReplay
 
         t0 = time.monotonic()
-        n = self.cfg.sft.trajectories
-        tasks = [self.train_tasks[i] for i in self.rng.permutation(len(self.train_tasks))[:n]]
+        tasks = self.gold_tasks
         replay = ScriptedEngine(GoldReplay(self.tokenizer, tasks), name="gold-replay")
         service, self.service = self.service, self._service([replay])
         try:
@@ -350,8 +350,8 @@ class _Run:
         stats = None
         if c.rollout_run is None:
             n = cfg.rollout.tasks_per_iteration
-            pool = len(self.train_tasks)
-            tasks = [self.train_tasks[i] for i in self.rng.choice(pool, n, replace=n > pool)]
+            pool = len(self.rl_tasks)
+            tasks = [self.rl_tasks[i] for i in self.rng.choice(pool, n, replace=n > pool)]
             tag = f"rl.{it:04d}.r{c.resumes}"
             stats = self.episodes(
                 tasks,
@@ -364,13 +364,9 @@ class _Run:
             save_cursor(self.out / "checkpoints", c)
         t_rollout = time.monotonic() - t0
         t1 = time.monotonic()
-        units = units_of(self.store.trees(run=c.rollout_run), cfg, rl=True)
-        order = np.random.default_rng([cfg.seed, it]).permutation(len(units))
-        minibatches = [
-            [units[i] for i in chunk]
-            for chunk in np.array_split(order, min(cfg.schedule.optimizer_steps, len(units)))
-            if len(chunk)
-        ]
+        minibatches, skipped = rl_minibatches(
+            self.store.trees(run=c.rollout_run), cfg, np.random.default_rng([cfg.seed, it])
+        )
         staleness: dict[str, int] = {}
         train_tokens = train_s = 0.0
         while c.minibatch < len(minibatches):
@@ -394,7 +390,8 @@ class _Run:
             "time_sync": time.monotonic() - t2,
             "train_tokens_per_s": train_tokens / train_s if train_s else 0.0,
             "staleness": staleness,
-            "units": len(units),
+            "minibatches": len(minibatches),
+            "groups_skipped": skipped,
         }
         if stats is not None:
             scores = stats.scores
@@ -477,16 +474,38 @@ class _KeepOpen:
         """The run closes the store."""
 
 
-def units_of(trees, cfg: TrainConfig, *, rl: bool = False):
-    """Packed units of ``trees`` under the run's sampling config."""
+def units_of(trees, cfg: TrainConfig):
+    """Packed units of ``trees`` under the run's sampling config (SFT: no advantages)."""
     from gyre_env.trajectory.packing import pack
     from gyre_env.trajectory.sampling import bounded_samples
 
-    sample = cfg.sample_config()
-    if not rl:
-        sample.normalize_std = False
-    units, _ = bounded_samples(trees, sample)
+    units, _ = bounded_samples(trees, cfg.sample_config())
     return [pack(u) for u in units]
+
+
+def rl_minibatches(trees, cfg: TrainConfig, rng) -> tuple[list[list], int]:
+    """One iteration's optimizer steps: per epoch the groups (trees) are shuffled and
+    split into ``schedule.optimizer_steps`` minibatches, each cut into packed units.
+    Groups without signal (all advantages 0) are left out first when
+    ``algorithm.skip_zero_variance``. Returns the minibatches and how many groups were
+    left out; deterministic for ``rng``'s seed (a resumed run rebuilds the same list)."""
+    from gyre_env.trajectory.packing import pack
+    from gyre_env.trajectory.sampling import bounded_samples, group_advantages
+
+    sample = cfg.sample_config()
+    kept = trees
+    if cfg.algorithm.skip_zero_variance:
+        kept = [t for t in trees if any(group_advantages(t, sample).values())]
+    if not kept:
+        return [], len(trees) - len(kept)
+    out = []
+    k = min(cfg.schedule.optimizer_steps, len(kept))
+    for _ in range(cfg.schedule.epochs):
+        for chunk in np.array_split(rng.permutation(len(kept)), k):
+            units, _ = bounded_samples([kept[i] for i in chunk], sample)
+            if units:
+                out.append([pack(u) for u in units])
+    return out, len(trees) - len(kept)
 
 
 def _count_lag(hist: dict[str, int], batch, version: int) -> None:
@@ -534,6 +553,19 @@ def prepare_model(cfg: TrainConfig) -> Path:
     if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         raise ConfigError(f"model.path: {folder} has no tokenizer files")
     return folder
+
+
+def split_pool(cfg: TrainConfig, train: list) -> tuple[list, list]:
+    """(SFT's gold tasks, RL's tasks): ``sft.trajectories`` tasks with gold, drawn for the
+    run's seed; RL draws from the rest of the pool, so no task RL trains on had its gold
+    in the loop (the whole pool if SFT took every task)."""
+    n = cfg.sft.trajectories if cfg.sft.steps else 0
+    order = np.random.default_rng([cfg.seed, 1]).permutation(len(train))
+    with_gold = [train[i] for i in order if train[i].gold_dir]
+    gold = with_gold[:n]
+    taken = {t.id for t in gold}
+    rest = [t for t in train if t.id not in taken]
+    return gold, rest or list(train)
 
 
 def load_tasks(cfg: TrainConfig):

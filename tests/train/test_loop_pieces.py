@@ -1,0 +1,95 @@
+"""Pieces of the training loop: which tasks SFT and RL use, and how one iteration's
+groups become optimizer steps (K minibatches per epoch, groups without signal left out,
+the same list again for a resumed run)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gyre_env.proxy.records import CallRecord
+from gyre_env.train.config import TrainConfig, apply_overrides
+from gyre_env.train.loop import load_tasks, rl_minibatches, split_pool
+from gyre_env.trajectory.tree import EpisodeInfo, build_trees
+
+
+def _group(rng, name, rewards):
+    prompt = rng.integers(1, 60, 30).tolist()
+    records, episodes = [], []
+    for k, r in enumerate(rewards):
+        s = f"{name}.{k}"
+        out = rng.integers(1, 60, 5).tolist()
+        records.append(
+            CallRecord(session=s, call_index=0, branch="main", parent=None, role="main",
+                       prompt_ids=prompt, output_ids=out, output_logprobs=[-1.0] * 5,
+                       weight_version=0)  # fmt: skip
+        )
+        episodes.append(EpisodeInfo(session=s, group=name, outcome="success", reward=r))
+    return build_trees(records, episodes)[0]
+
+
+def _trees():
+    rng = np.random.default_rng(0)
+    signal = [_group(rng, f"g{i}", [0.0, 1.0, 0.25]) for i in range(5)]
+    flat = [_group(rng, "all0", [0.0] * 3), _group(rng, "all1", [1.0] * 3)]
+    return signal + flat
+
+
+def _cfg(*sets):
+    return apply_overrides(TrainConfig(), list(sets))
+
+
+def _groups(minibatches, trees):
+    """Each minibatch's group names (a group is told by its prompt, unique per group)."""
+    by_prompt = {tuple(t.nodes[1].tokens[:30]): t.group for t in trees}
+    names = []
+    for mb in minibatches:
+        found = set()
+        for u in mb:
+            for t in np.unique(u.tree_index):
+                found.add(by_prompt[tuple(u.input_ids[u.tree_index == t][:30])])
+        names.append(sorted(found))
+    return names
+
+
+def test_groups_split_into_k_minibatches_per_epoch_without_zero_variance_groups():
+    cfg = _cfg("schedule.optimizer_steps=2", "schedule.epochs=3")
+    trees = _trees()
+    mbs, skipped = rl_minibatches(trees, cfg, np.random.default_rng(1))
+    assert skipped == 2 and len(mbs) == 6
+    groups = _groups(mbs, trees)
+    for epoch in range(3):  # each epoch covers every signal group exactly once
+        seen = sorted(g for mb in groups[2 * epoch : 2 * epoch + 2] for g in mb)
+        assert seen == [f"g{i}" for i in range(5)]
+    assert groups[:2] != groups[2:4]  # reshuffled per epoch
+    again, _ = rl_minibatches(_trees(), cfg, np.random.default_rng(1))
+    assert _groups(again, trees) == groups  # a resumed run rebuilds the same steps
+
+
+def test_zero_variance_groups_are_kept_when_asked_and_k_is_capped_by_groups():
+    cfg = _cfg("schedule.optimizer_steps=50", "algorithm.skip_zero_variance=false")
+    trees = _trees()
+    mbs, skipped = rl_minibatches(trees, cfg, np.random.default_rng(0))
+    assert skipped == 0 and len(mbs) == 7
+    assert sorted(g for mb in _groups(mbs, trees) for g in mb) == sorted(t.group for t in trees)
+
+
+def test_an_iteration_with_no_signal_has_no_steps():
+    rng = np.random.default_rng(0)
+    trees = [_group(rng, "a", [0.0, 0.0]), _group(rng, "b", [0.5, 0.5])]
+    assert rl_minibatches(trees, _cfg(), rng) == ([], 2)
+
+
+def test_sft_gold_tasks_and_rl_tasks_are_disjoint_and_seeded():
+    cfg = _cfg("tasks.train_count=40", "tasks.heldout_count=4", "sft.trajectories=16",
+               "tasks.suite_kwargs={names='fixed', only='upper,sum'}")  # fmt: skip
+    train, heldout = load_tasks(cfg)
+    gold, rl = split_pool(cfg, train)
+    assert len(gold) == 16 and len(rl) == 24 and all(t.gold_dir for t in gold)
+    assert not {t.id for t in gold} & {t.id for t in rl}
+    assert not {t.id for t in train} & {t.id for t in heldout}
+    assert [t.id for t in split_pool(cfg, train)[0]] == [t.id for t in gold]
+    other = split_pool(apply_overrides(cfg, ["seed=1"]), train)[0]
+    assert [t.id for t in other] != [t.id for t in gold]
+    # SFT taking the whole pool (or SFT off) leaves RL the whole pool
+    assert len(split_pool(apply_overrides(cfg, ["sft.trajectories=40"]), train)[1]) == 40
+    assert split_pool(apply_overrides(cfg, ["sft.steps=0"]), train) == ([], train)
