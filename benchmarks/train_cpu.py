@@ -10,7 +10,7 @@ eval). The control starts from run A's own SFT checkpoint (same weights, optimiz
 RNG and gold data) and continues SFT for as long as run A's RL phase ran, then is
 evaluated on the same held-out tasks: it answers "is RL better than just more SFT for
 the same time?". Held-out tasks come from the nano heldout split, disjoint from every
-training task by (template, function name, constant).
+training task by variant key (template, function name or argument names, constant).
 
 Prints one row per seed and the mean and spread, and writes ``summary.json`` and
 ``pass_rate.png`` (held-out pass rate over iterations, per seed) under ``--out``.

@@ -44,8 +44,6 @@ from gyre_env.agents.context import EpisodeContext
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ("success", "failure", "timeout", "agent_error", "infra_error", "cancelled")
-"""The env's outcomes, plus ``cancelled`` for episodes the run cancelled (never graded)."""
 
 
 @dataclass(kw_only=True)
@@ -102,7 +100,7 @@ class EpisodeResult:
     retried_sessions: list[str] = field(default_factory=list)
     """Sessions of earlier attempts that ended as ``infra_error``."""
     outcome: str = "infra_error"
-    """One of ``OUTCOMES``."""
+    """One of ``gyre_env.scoring.OUTCOMES``."""
     score: float | None = None
     """Final score in [0, 1]; None when the reward is not valid (infra error, cancelled)."""
     reward_valid: bool = False

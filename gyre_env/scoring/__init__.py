@@ -17,7 +17,11 @@ An episode ends with one of ``OUTCOMES``:
   interpreter crashed, the tests hung) while the grader works on the gold workspace;
   scored, and the score is valid;
 - ``infra_error``: a failure outside the agent's reach (dead sandbox, missing image, a
-  grader that fails on the gold workspace too); ``reward_valid`` is False.
+  grader that fails on the gold workspace too); ``reward_valid`` is False;
+- ``cancelled``: never from the env itself: the runner cancelled the episode (a stopped
+  run) and did not grade it.
+
+Training leaves ``infra_error`` and ``cancelled`` episodes out (``SampleConfig``).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from gyre_env.scoring.junit import JUnitError, TestCase, TestCounts, parse_junit
 from gyre_env.scoring.rewards import GRID, REWARD_MODES, RewardTracker, quantize
 from gyre_env.scoring.visible import VisibleRun, run_visible_tests
 
-OUTCOMES = ("success", "failure", "timeout", "agent_error", "infra_error")
+OUTCOMES = ("success", "failure", "timeout", "agent_error", "infra_error", "cancelled")
+"""Every way an episode ends (the one definition; the runner and the store use it)."""
 
 __all__ = [
     "GRID",

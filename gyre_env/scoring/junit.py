@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 MAX_REPORT_BYTES = 64 << 20
-OUTCOMES = ("passed", "failed", "error", "skipped")
+TEST_OUTCOMES = ("passed", "failed", "error", "skipped")
 
 
 class JUnitError(ValueError):
@@ -32,7 +32,7 @@ class TestCase:
     name: str
     file: str | None
     outcome: str
-    """One of ``OUTCOMES``; an error (also a collection error) wins over a failure."""
+    """One of ``TEST_OUTCOMES``; an error (also a collection error) wins over a failure."""
     message: str = ""
     """The failure/error/skip message and text (traceback), trimmed."""
 

@@ -57,8 +57,9 @@ class SampleConfig:
     """Divide advantages by the group's reward std (GRPO); off = Dr. GRPO style."""
     std_eps: float = 1e-6
     """Added to the std before dividing."""
-    exclude_outcomes: tuple[str, ...] = ("infra_error",)
-    """Episode outcomes kept in the store but never trained on."""
+    exclude_outcomes: tuple[str, ...] = ("infra_error", "cancelled")
+    """Episode outcomes kept in the store but never trained on (an infrastructure failure;
+    an episode the runner cancelled, which was never graded)."""
     overflow: Literal["truncate", "error"] = "truncate"
     """What to do with a single path longer than ``token_budget``."""
     max_paths_per_episode: int = 5

@@ -270,8 +270,17 @@ def test_make_vec_sync_and_threaded_step_concurrently(task_dir):
     assert timings["sync"] >= 3.0 and timings["vector_entry_point"] < 2.5, timings
 
 
-def test_outcomes_are_documented():
-    assert OUTCOMES == ("success", "failure", "timeout", "agent_error", "infra_error")
+def test_outcomes_are_one_documented_list():
+    """One definition: the env's outcomes, and ``cancelled`` that only the runner gives."""
+    import gyre_env.runner
+    import gyre_env.scoring
+
+    assert OUTCOMES == (
+        "success", "failure", "timeout", "agent_error", "infra_error", "cancelled"
+    )  # fmt: skip
+    for outcome in OUTCOMES:
+        assert f"``{outcome}``" in gyre_env.scoring.__doc__
+    assert not hasattr(gyre_env.runner, "OUTCOMES")
 
 
 @pytest.mark.docker

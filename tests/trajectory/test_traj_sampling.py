@@ -34,11 +34,14 @@ def _tree(**kw):
     return build_trees(records, episodes)
 
 
-def test_advantages_are_reward_minus_group_mean_and_skip_infra_errors():
+@pytest.mark.parametrize("outcome", ["infra_error", "cancelled"])
+def test_advantages_are_reward_minus_group_mean_and_skip_unscored_outcomes(outcome):
+    """An infrastructure failure, or an episode the runner cancelled before grading, has
+    no reward to learn from: it is left out of the group mean and of the loss."""
     (tree,) = _tree()
     rewards = {s: e.reward for s, e in tree.episodes.items()}
     s_bad = sorted(rewards)[0]
-    tree.episodes[s_bad].outcome = "infra_error"
+    tree.episodes[s_bad].outcome = outcome
     adv = group_advantages(tree, SampleConfig())
     kept = {s: r for s, r in rewards.items() if s != s_bad}
     mean = sum(kept.values()) / len(kept)
