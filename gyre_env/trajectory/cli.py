@@ -80,6 +80,11 @@ def _stats(args) -> int:
     print(f"tree tokens     {s.tree_tokens}  (shared prefixes once)")
     print(f"sampled tokens  {s.sampled_tokens}")
     print(f"sharing         {s.sharing:.1%}  (1 - tree / flat)")
+    if s.text_only_calls:
+        print(
+            f"text-only calls {s.text_only_calls}  (no token ids, e.g. an upstream "
+            "passthrough: stored, not in the trees, never trained on)"
+        )
     return 0
 
 

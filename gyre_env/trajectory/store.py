@@ -103,6 +103,8 @@ class StoreStats:
     """Tokens of the token trees (each shared prefix once)."""
     flat_tokens: int
     """Tokens if every root-to-leaf path were its own sequence."""
+    text_only_calls: int = 0
+    """Calls stored without token ids (an upstream passthrough): not in any tree."""
 
     @property
     def sharing(self) -> float:
@@ -442,6 +444,7 @@ class TrajectoryStore:
             sampled_tokens=sum(t.num_sampled for t in trees),
             tree_tokens=sum(t.num_tokens for t in trees),
             flat_tokens=sum(t.flat_tokens for t in trees),
+            text_only_calls=sum(t.text_only_calls for t in trees),
         )
 
     def ingest_jsonl(

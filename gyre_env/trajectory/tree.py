@@ -142,6 +142,9 @@ class TokenTree:
         """(session, call_index) -> tokens the call sampled (sequence-level loss weights)."""
         self.parent_mismatches = 0
         """Calls whose ``parent`` claim did not match their prompt (they still branch correctly)."""
+        self.text_only_calls = 0
+        """Calls recorded without token ids (an upstream passthrough that returns text
+        only): kept in the store, absent from the tree, never trained on."""
 
     # ---- building -------------------------------------------------------------------
     def add_episode(self, info: EpisodeInfo) -> None:
@@ -336,7 +339,8 @@ def _check_record(rec: CallRecord) -> None:
 def build_trees(
     records: Iterable[CallRecord], episodes: Iterable[EpisodeInfo] = ()
 ) -> list[TokenTree]:
-    """Group records into one tree per (run, group), calls inserted in session order."""
+    """Group records into one tree per (run, group), calls inserted in session order.
+    Calls without any token ids are counted (``text_only_calls``), not inserted."""
     infos = {e.session: e for e in episodes}
     by_session: dict[str, list[CallRecord]] = defaultdict(list)
     for rec in records:
@@ -352,7 +356,10 @@ def build_trees(
         for session in sorted(sessions):
             tree.add_episode(infos[session])
             for rec in sorted(by_session[session], key=lambda r: r.call_index):
-                tree.add_call(rec)
+                if not rec.prompt_ids and not rec.output_ids:
+                    tree.text_only_calls += 1
+                else:
+                    tree.add_call(rec)
         trees.append(tree)
     return trees
 

@@ -242,7 +242,27 @@ def test_openai_passthrough_records_text_traces(upstream, tmp_path, bash_tool):
     assert recs[1].extra["response_text"] == "done" and recs[1].finish_reason == "stop"
 
 
-def test_anthropic_passthrough_stream_and_upstream_errors(upstream, tmp_path):
+def _stats_of_a_text_only_run(tmp_path, records, capsys):
+    """`gyre trajectories stats|export` on a passthrough run whose calls have no token
+    ids: counted as text-only calls, kept in the store, left out of the trees."""
+    from gyre_env.cli import main
+    from gyre_env.trajectory.store import TrajectoryStore
+
+    db = tmp_path / "pass.db"
+    with TrajectoryStore(db) as store:
+        assert store.ingest_jsonl(records) == 1
+    capsys.readouterr()
+    assert main(["trajectories", "stats", "--store", str(db), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["calls"] == 1 and stats["text_only_calls"] == 1 and stats["tree_tokens"] == 0
+    assert main(["trajectories", "stats", "--store", str(db)]) == 0
+    assert "text-only calls 1" in capsys.readouterr().out
+    out = tmp_path / "nodes.parquet"
+    assert main(["trajectories", "export", "--store", str(db), "--out", str(out),
+                 "--kind", "nodes"]) == 0  # fmt: skip
+
+
+def test_anthropic_passthrough_stream_and_upstream_errors(upstream, tmp_path, capsys):
     proxy, path = _proxy(tmp_path, base_url=upstream.url, api="anthropic", api_key="upstream-key")
     try:
         client = anthropic.Anthropic(base_url=proxy.anthropic_base_url("an"), api_key="k")
@@ -269,6 +289,8 @@ def test_anthropic_passthrough_stream_and_upstream_errors(upstream, tmp_path):
     assert (
         rec.finish_reason == "end_turn" and rec.extra["request"]["messages"][0]["content"] == "hi"
     )
+    assert rec.prompt_ids == [] and rec.output_ids == []  # this upstream gives text only
+    _stats_of_a_text_only_run(tmp_path, path, capsys)
 
     bad, _ = _proxy(tmp_path, base_url=upstream.url, api="anthropic", api_key="wrong")
     down, _ = _proxy(tmp_path, base_url="http://127.0.0.1:9", api="anthropic")
