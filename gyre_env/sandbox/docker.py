@@ -182,7 +182,12 @@ def _docker_cli() -> str:
 def reap(dry_run: bool = False) -> list[str]:
     """Remove Gyre containers whose owner process is gone or whose TTL passed."""
     removed = []
-    for container in docker_client().containers.list(all=True, filters={"label": LABEL_KIND}):
+    # ignore_removed: another run (or its own close) may remove a listed container
+    # before it is inspected; that is not a failure of the reaper.
+    listed = docker_client().containers.list(
+        all=True, filters={"label": LABEL_KIND}, ignore_removed=True
+    )
+    for container in listed:
         labels = container.labels or {}
         if lifecycle.owner_gone(labels) or lifecycle.expired(labels):
             removed.append(container.name)

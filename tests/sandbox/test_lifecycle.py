@@ -106,6 +106,25 @@ def test_reap_removes_a_container_whose_ttl_passed_while_its_owner_lives(make):
     assert _container_exists(living.container.id)
 
 
+@pytest.mark.docker
+def test_reap_tolerates_a_container_removed_while_it_lists(make, monkeypatch):
+    """Two runs reap at once: a container listed by one is gone before it is inspected
+    (seen as 'sandbox reaper failed: 404 ... No such container'). Not a failure."""
+    from gyre_env.sandbox import docker
+
+    expired = make("docker", ttl_s=0)
+    api = docker.docker_client().api
+    listing = api.containers
+
+    def with_a_vanished_one(*a, **kw):
+        return [{"Id": "0" * 64}, *listing(*a, **kw)]  # listed, then already removed
+
+    monkeypatch.setattr(api, "containers", with_a_vanished_one)
+    time.sleep(0.05)
+    assert expired.id in docker.reap()
+    assert not _container_exists(expired.container.id)
+
+
 @pytest.mark.bwrap
 def test_bwrap_reap_removes_the_workspace_of_an_owner_killed_with_sigkill():
     from gyre_env.sandbox import bwrap
