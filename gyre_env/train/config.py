@@ -60,6 +60,10 @@ class TasksConfig:
     """Seed of the task generator (the split itself does not depend on it)."""
     suite_kwargs: dict = field(default_factory=dict)
     """Options of the suite loader, e.g. ``{names = "fixed"}`` for nano."""
+    rl_includes_sft_tasks: bool = True
+    """RL samples from the whole training pool, SFT's gold tasks included (their gold is
+    never in the RL loop: RL sees only its own attempts and their rewards). False: RL
+    samples only the tasks SFT did not see."""
     env_kwargs: dict = field(default_factory=lambda: {"reward_mode": "sparse"})
     """Extra ``gym.make`` options of every episode. GRPO uses only the final score, so the
     default skips the per-step shaping checks (a lint and visible-test run per step)."""

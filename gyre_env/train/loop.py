@@ -557,15 +557,15 @@ def prepare_model(cfg: TrainConfig) -> Path:
 
 def split_pool(cfg: TrainConfig, train: list) -> tuple[list, list]:
     """(SFT's gold tasks, RL's tasks): ``sft.trajectories`` tasks with gold, drawn for the
-    run's seed; RL draws from the rest of the pool, so no task RL trains on had its gold
-    in the loop (the whole pool if SFT took every task)."""
+    run's seed; RL samples the whole pool, or with ``tasks.rl_includes_sft_tasks = false``
+    the rest of it (the whole pool if SFT took every task)."""
     n = cfg.sft.trajectories if cfg.sft.steps else 0
     order = np.random.default_rng([cfg.seed, 1]).permutation(len(train))
-    with_gold = [train[i] for i in order if train[i].gold_dir]
-    gold = with_gold[:n]
+    gold = [train[i] for i in order if train[i].gold_dir][:n]
+    if cfg.tasks.rl_includes_sft_tasks:
+        return gold, list(train)
     taken = {t.id for t in gold}
-    rest = [t for t in train if t.id not in taken]
-    return gold, rest or list(train)
+    return gold, [t for t in train if t.id not in taken] or list(train)
 
 
 def load_tasks(cfg: TrainConfig):

@@ -79,9 +79,10 @@ def test_an_iteration_with_no_signal_has_no_steps():
     assert rl_minibatches(trees, _cfg(), rng) == ([], 2)
 
 
-def test_sft_gold_tasks_and_rl_tasks_are_disjoint_and_seeded():
+def test_sft_gold_tasks_are_seeded_and_rl_can_leave_them_out():
     cfg = _cfg("tasks.train_count=40", "tasks.heldout_count=4", "sft.trajectories=16",
-               "tasks.suite_kwargs={names='fixed', only='upper,sum'}")  # fmt: skip
+               "tasks.suite_kwargs={names='fixed', only='upper,sum'}",
+               "tasks.rl_includes_sft_tasks=false")  # fmt: skip
     train, heldout = load_tasks(cfg)
     gold, rl = split_pool(cfg, train)
     assert len(gold) == 16 and len(rl) == 24 and all(t.gold_dir for t in gold)
@@ -93,3 +94,6 @@ def test_sft_gold_tasks_and_rl_tasks_are_disjoint_and_seeded():
     # SFT taking the whole pool (or SFT off) leaves RL the whole pool
     assert len(split_pool(apply_overrides(cfg, ["sft.trajectories=40"]), train)[1]) == 40
     assert split_pool(apply_overrides(cfg, ["sft.steps=0"]), train) == ([], train)
+    # by default RL samples the whole pool (gold is never in the RL loop either way)
+    both = apply_overrides(cfg, ["tasks.rl_includes_sft_tasks=true"])
+    assert split_pool(both, train) == (gold, train)
