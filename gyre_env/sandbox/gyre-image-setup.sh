@@ -32,6 +32,9 @@ echo "gyre-image-setup: pip install $GYRE_PIP_REQUIREMENTS ${GYRE_EXTRA_PIP:-} (
 python3 -m pip install --no-cache-dir --disable-pip-version-check --root-user-action=ignore \
     $source_args $GYRE_PIP_REQUIREMENTS ${GYRE_EXTRA_PIP:-}
 
+# Task commands and agents say `python`; Debian's python3 package installs only python3.
+command -v python >/dev/null 2>&1 || ln -s "$(command -v python3)" /usr/local/bin/python
+
 id gyre >/dev/null 2>&1 || useradd --create-home --uid 1000 --shell /bin/bash gyre
 mkdir -p /workspace
 chown gyre:gyre /workspace
@@ -39,7 +42,7 @@ chown gyre:gyre /workspace
 # Fail the build here, not in a sandbox later, if a tool the tasks rely on is missing.
 python3 -c "import pytest, setuptools, wheel"
 ruff --version
-for tool in bash tar ps kill base64 git; do
+for tool in bash tar ps kill base64 git python; do
     command -v "$tool" >/dev/null || { echo "gyre-image-setup: $tool missing" >&2; exit 1; }
 done
 rm -rf /root/.cache /tmp/* 2>/dev/null || true

@@ -66,7 +66,7 @@ _ROOTFS_EXCLUDES = (
     "./tmp/*",
 )
 _SMOKE_CHECK = (
-    "python3 -c 'import pytest, setuptools, wheel' && ruff --version >/dev/null"
+    "python -c 'import pytest, setuptools, wheel' && ruff --version >/dev/null"
     ' && test "$(echo Z3lyZQ== | base64 -d)" = gyre && ps -p 1 >/dev/null'
     " && tar --version >/dev/null && command -v kill >/dev/null && echo gyre-image-ok"
 )

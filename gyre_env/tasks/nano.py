@@ -51,8 +51,8 @@ _ARGS = {
 }
 """Argument names per kind. Many, so that a model cannot pass by memorising which name
 goes with which operation: it must copy the name the spec gives."""
-# python3, not python: a debootstrap-built gyre-base has no `python` (the grader shims
-# both names; the visible tests run in the agent's sandbox as they are written).
+# python3, not python: gyre-base images built before the setup script linked `python`
+# have only python3 (the grader shims both names; visible tests run as they are written).
 _PYTEST = "python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors"
 
 

@@ -206,7 +206,8 @@ def test_base_image_is_labelled_with_its_current_recipe(base_image):
 def test_base_image_has_python_pytest_ruff_and_shell_tools_offline(base_image):
     out = _run(
         BASE,
-        "python3 -c 'import sys, pytest; print(sys.version_info[:2], pytest.__version__)'"
+        # `python`, not only python3: task commands and agents call it by that name.
+        "python -c 'import sys, pytest; print(sys.version_info[:2], pytest.__version__)'"
         " && ruff --version && ps -p 1 -o comm= && echo Z3lyZQ== | base64 -d && echo"
         " && tar --version | head -1 && pwd",
     )
