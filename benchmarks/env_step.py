@@ -4,8 +4,8 @@
    with and without the potential Φ (sparse mode skips it);
 2. interim scoring (Φ) time after one file changed, for workspaces of 10, 100 and 1,000
    Python files, incremental against a full recheck;
-3. the whole built-in suite's gold preflight: the local preflight (``gyre_env.tasks.check``)
-   and the sandboxed grader on every gold solution;
+3. the whole built-in suite's gold preflight: ``gyre tasks check`` (``gyre_env.tasks.check``:
+   gold, visible and empty runs in sandboxes) and the sandboxed grader alone on every gold;
 4. one step of 8 envs: ``SyncVectorEnv`` against the thread vector env.
 
     python benchmarks/env_step.py [--backend docker|bwrap|local] [--repeats 15]
@@ -94,10 +94,10 @@ def bench_preflight(backend: str) -> None:
     tasks = load_suite("builtin")
     print(f"\n[3] whole-suite gold preflight ({len(tasks)} tasks)")
     start = time.perf_counter()
-    checks = check_tasks(tasks)
+    checks = check_tasks(tasks, backend=backend)
     bad = [c.task.id for c in checks if not c.ok]
     print(
-        f"    local preflight (gold + empty, threads)   {time.perf_counter() - start:7.1f} s"
+        f"    tasks check (gold+visible+empty, threads) {time.perf_counter() - start:7.1f} s"
         f"   failing: {bad or 'none'}"
     )
     for workers in (1, 4):

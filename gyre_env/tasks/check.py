@@ -1,186 +1,71 @@
-"""Local preflight of task data: does the gold solution pass and an empty workspace fail?
+"""Preflight of task data: does the gold solution score 1.0 and an empty workspace 0?
 
-This is a data-validation check, not the grader: it runs the task's test commands with
-bash in a temporary folder on this machine, with no sandbox and no protection against
-the workspace's code. Use it on trusted folders (gold solutions). Editable installs the
-commands make go to a private ``PYTHONUSERBASE`` inside the temporary folder, so the
-machine's Python environment is left untouched.
+The preflight grades the way episodes are graded, so a task that passes here scores the
+same in an env: the gold (or an empty) workspace goes through ``grade_workspace`` (a
+fresh evaluator sandbox from the task's image, the hidden tests, ``GradingResult``), and
+the gold against the visible tests goes through ``run_visible_tests`` in an agent
+sandbox, as the ``run_tests`` tool runs them. The sandbox backend is chosen like the
+env's: ``auto`` (``$GYRE_SANDBOX``, else Docker, else bubblewrap, else local), or named.
+In Docker and bubblewrap nothing runs in the Python that runs ``gyre``, so a virtualenv
+there changes nothing; the local backend isolates nothing (``gyre_env.sandbox.local``).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import tempfile
-import time
-import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
+from gyre_env.sandbox import SandboxConfig, SandboxError, choose_backend, make_sandbox
+from gyre_env.scoring import (
+    GradingConfig,
+    GradingResult,
+    TestCounts,
+    VisibleRun,
+    grade_workspace,
+    run_visible_tests,
+)
 from gyre_env.tasks.task import Task
 
 
-@dataclass(kw_only=True)
-class TestCounts:
-    """Counts read from JUnit XML reports."""
+def run_preflight(task: Task, *, gold: bool = True, backend: str = "auto") -> GradingResult:
+    """Grade the task's gold solution (or an empty workspace) with the episodes' grader.
 
-    __test__ = False  # not a pytest test class
-
-    passed: int = 0
-    failed: int = 0
-    errors: int = 0
-    skipped: int = 0
-
-    @property
-    def collected(self) -> int:
-        return self.passed + self.failed + self.errors + self.skipped
-
-
-@dataclass(kw_only=True)
-class PreflightResult:
-    """One task run against one workspace (gold or empty)."""
-
-    task_id: str
-    workspace: str
-    """``"gold"`` or ``"empty"``."""
-    declared: int
-    counts: TestCounts
-    duration_s: float
-    reports_missing: list[str] = field(default_factory=list)
-    """Report paths a pytest command should have written but did not."""
-    log: str = ""
-    """Combined output of the commands (tail), for diagnosing failures."""
-
-    @property
-    def passed(self) -> int:
-        return self.counts.passed
-
-    @property
-    def collected(self) -> int:
-        return self.counts.collected
-
-    @property
-    def score(self) -> float:
-        return min(1.0, self.counts.passed / self.declared)
-
-
-def parse_junit(path: str | Path) -> TestCounts:
-    """Count test cases in a pytest JUnit XML report by outcome.
-
-    A collection error is reported by pytest as an errored test case, so it counts as
-    collected-with-error, never as passed.
-    """
-    root = ET.parse(path).getroot()
-    counts = TestCounts()
-    for case in root.iter("testcase"):
-        tags = {child.tag for child in case}
-        if "error" in tags:
-            counts.errors += 1
-        elif "failure" in tags:
-            counts.failed += 1
-        elif "skipped" in tags:
-            counts.skipped += 1
-        else:
-            counts.passed += 1
-    return counts
-
-
-def run_preflight(
-    task: Task, *, gold: bool = True, visible: bool = False, timeout_s: float | None = None
-) -> PreflightResult:
-    """Copy gold (or nothing) plus the hidden tests to a temp folder and run the tests.
-
-    With ``visible=True`` the visible tests and their commands are used instead, the way
-    the env's ``run_tests`` tool runs them in the agent's workspace.
+    No control run: a grading run that fails is reported as it is, never retried on gold.
     """
     if gold and task.gold_dir is None:
         raise ValueError(f"task {task.id!r} has no gold solution")
-    if visible and not task.has_visible_tests:
-        raise ValueError(f"task {task.id!r} has no visible tests")
-    start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"gyre-preflight-{task.id}-") as tmp:
-        work = Path(tmp) / "workspace"
-        reports = Path(tmp) / "reports"
-        reports.mkdir()
-        if gold:
-            shutil.copytree(task.gold_dir, work, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            work.mkdir()
-        if visible:
-            shutil.copytree(task.visible_tests_dir, work, dirs_exist_ok=True)
-            commands = task.visible_grading_commands(str(reports))
-        else:
-            for rel in task.remove_before_grading:
-                _remove(work / rel)
-            shutil.copytree(task.hidden_tests_dir, work, dirs_exist_ok=True)
-            commands = task.grading_commands(str(reports))
-        env = _isolated_env(Path(tmp))
-        counts, missing, log = TestCounts(), [], []
-        deadline = start + (timeout_s or task.grading_timeout_s)
-        for cmd in commands:
-            left = max(1.0, deadline - time.monotonic())
-            log.append(_run(cmd.command, work, env, left))
-            if cmd.junit_path is None:
-                continue
-            if not Path(cmd.junit_path).is_file():
-                missing.append(cmd.junit_path)
-                continue
-            part = parse_junit(cmd.junit_path)
-            counts.passed += part.passed
-            counts.failed += part.failed
-            counts.errors += part.errors
-            counts.skipped += part.skipped
-    return PreflightResult(
-        task_id=task.id,
-        workspace=("gold" if gold else "empty") + (" (visible tests)" if visible else ""),
-        declared=task.test_count,
-        counts=counts,
-        duration_s=time.monotonic() - start,
-        reports_missing=missing,
-        log="\n".join(log)[-8000:],
-    )
+    config = GradingConfig(backend=backend, control_run=False)
+    return grade_workspace(task, task.gold_dir if gold else None, config)
 
 
-def _run(command: str, cwd: Path, env: dict[str, str], timeout: float) -> str:
+def run_visible_preflight(task: Task, *, backend: str = "auto") -> VisibleRun:
+    """Run the visible tests against the gold solution in an agent sandbox, set up as the
+    env sets one up (visible tests, then ``setup_commands``, then the agent's files)."""
+    if task.gold_dir is None or not task.has_visible_tests:
+        raise ValueError(f"task {task.id!r} needs a gold solution and visible tests")
     try:
-        proc = subprocess.run(
-            ["bash", "-c", command],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        return f"$ {command}\n[timed out after {timeout:.0f}s]"
-    return f"$ {command}\n[exit {proc.returncode}]\n{proc.stdout}{proc.stderr}"
+        sandbox = make_sandbox(SandboxConfig(image=task.image), backend)
+    except Exception as e:  # no daemon, missing image: reported like the grader reports it
+        return _visible_failure(f"could not start a sandbox: {type(e).__name__}: {e}")
+    try:
+        sandbox.put_dir(str(task.visible_tests_dir), ".")
+        for cmd in task.setup_commands:
+            result = sandbox.exec(cmd, timeout=600)
+            if not result.ok:
+                return _visible_failure(
+                    f"setup command `{cmd}` failed (exit {result.exit_code})", result.output
+                )
+        sandbox.put_dir(str(task.gold_dir), ".")
+        return run_visible_tests(sandbox, task)
+    except (SandboxError, OSError) as e:
+        return _visible_failure(f"the sandbox failed: {type(e).__name__}: {e}")
+    finally:
+        sandbox.close()
 
 
-def _isolated_env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PIP_"))}
-    env.pop("PYTHONPATH", None)
-    env.update(
-        PYTHONUSERBASE=str(tmp / "userbase"),
-        PIP_USER="1",
-        PIP_BREAK_SYSTEM_PACKAGES="1",
-        PIP_NO_INPUT="1",
-        PIP_DISABLE_PIP_VERSION_CHECK="1",
-        PIP_ROOT_USER_ACTION="ignore",
-        PIP_NO_INDEX="1",  # the preflight never needs the network
-        PYTHONDONTWRITEBYTECODE="1",
-        # Hidden tests use plain pytest; plugins installed on this machine only slow it.
-        PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-    )
-    return env
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
+def _visible_failure(problem: str, output: str = "") -> VisibleRun:
+    return VisibleRun(counts=TestCounts(), problems=[problem], output=output[-8000:])
 
 
 @dataclass(kw_only=True)
@@ -188,9 +73,9 @@ class TaskCheck:
     """The full preflight verdict for one task."""
 
     task: Task
-    gold: PreflightResult | None
-    empty: PreflightResult
-    visible: PreflightResult | None = None
+    gold: GradingResult | None
+    empty: GradingResult
+    visible: VisibleRun | None = None
     """The gold solution against the visible tests, for tasks that have them."""
     require_gold: bool = True
     """A task without a gold solution fails the check (else only the empty run counts)."""
@@ -199,23 +84,30 @@ class TaskCheck:
     def problems(self) -> list[str]:
         """Why the task fails the preflight; empty when it passes."""
         out = []
-        if self.gold is None:
+        gold, empty, visible = self.gold, self.empty, self.visible
+        if gold is None:
             if self.require_gold:
                 out.append("no gold solution")
+        elif not gold.valid:
+            out.append(f"gold not graded: {gold.reason}")
         else:
-            if self.gold.score < 1.0:
-                out.append(f"gold scores {self.gold.score:.3f} ({self.gold.passed} passed)")
-            if self.gold.collected != self.task.test_count:
+            if gold.score < 1.0:
+                out.append(f"gold scores {gold.score:.3f} ({gold.passed} passed)")
+            if gold.collected != self.task.test_count:
+                out.append(f"declared {self.task.test_count} tests but {gold.collected} collected")
+            if gold.status != "ok":
+                out.append(f"gold run: {gold.reason}")
+        if not empty.valid:
+            out.append(f"empty workspace not graded: {empty.reason}")
+        elif empty.score > 0.0:
+            out.append(f"empty workspace scores {empty.score:.3f}")
+        if visible is not None:
+            c = visible.counts
+            if c.passed == 0 or c.passed != c.collected or visible.problems:
                 out.append(
-                    f"declared {self.task.test_count} tests but {self.gold.collected} collected"
+                    f"gold passes {c.passed} of {c.collected} visible tests"
+                    + "".join(f"; {p}" for p in visible.problems)
                 )
-            if self.gold.reports_missing:
-                out.append(f"gold run wrote no report: {self.gold.reports_missing}")
-        if self.empty.score > 0.0:
-            out.append(f"empty workspace scores {self.empty.score:.3f}")
-        v = self.visible
-        if v is not None and (v.passed == 0 or v.passed != v.collected or v.reports_missing):
-            out.append(f"gold passes {v.passed} of {v.collected} visible tests")
         return out
 
     @property
@@ -223,23 +115,32 @@ class TaskCheck:
         return not self.problems
 
 
-def check_task(task: Task, *, require_gold: bool = True) -> TaskCheck:
-    """Run the gold and the empty-workspace preflight of one task.
+def check_task(task: Task, *, require_gold: bool = True, backend: str = "auto") -> TaskCheck:
+    """Grade the gold, the gold against the visible tests, and an empty workspace.
 
     ``require_gold=False`` accepts a task without gold (NL2Repo tasks): the empty run
-    still catches a leak, e.g. the project's own package already installed.
+    still catches a leak, e.g. the project's own package already in the image.
     """
     has_gold = task.gold_dir is not None
-    gold = run_preflight(task, gold=True) if has_gold else None
-    visible = run_preflight(task, visible=True) if has_gold and task.has_visible_tests else None
-    empty = run_preflight(task, gold=False)
+    gold = run_preflight(task, gold=True, backend=backend) if has_gold else None
+    visible = None
+    if has_gold and task.has_visible_tests:
+        visible = run_visible_preflight(task, backend=backend)
+    empty = run_preflight(task, gold=False, backend=backend)
     return TaskCheck(task=task, gold=gold, empty=empty, visible=visible, require_gold=require_gold)
 
 
 def check_tasks(
-    tasks: list[Task], *, workers: int | None = None, require_gold: bool = True
+    tasks: list[Task],
+    *,
+    workers: int | None = None,
+    require_gold: bool = True,
+    backend: str = "auto",
 ) -> list[TaskCheck]:
-    """``check_task`` over many tasks in parallel (the work is subprocesses), in order."""
+    """``check_task`` over many tasks in parallel (the work is in sandboxes), in order."""
+    backend = choose_backend(backend)  # once, not once per sandbox
     workers = workers or min(8, max(2, (os.cpu_count() or 2) * 2))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda t: check_task(t, require_gold=require_gold), tasks))
+        return list(
+            pool.map(lambda t: check_task(t, require_gold=require_gold, backend=backend), tasks)
+        )

@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from gyre_env.sandbox import BACKENDS
+
 
 def add_commands(sub) -> None:
     """Register ``gyre tasks ...`` on the ``gyre`` command's subparsers."""
@@ -17,11 +19,18 @@ def add_commands(sub) -> None:
     ls.set_defaults(func=_cmd_list)
 
     check = tsub.add_parser(
-        "check", help="run each task's gold solution and an empty workspace through its tests"
+        "check", help="grade each task's gold solution and an empty workspace in sandboxes"
     )
     _suite_args(check)
     check.add_argument("--task", action="append", default=[], help="only this task id (repeatable)")
     check.add_argument("--jobs", type=int, default=None, help="tasks checked in parallel")
+    check.add_argument(
+        "--backend",
+        choices=("auto", *BACKENDS),
+        default="auto",
+        help="sandbox backend, as for episodes (default auto: $GYRE_SANDBOX, else docker, "
+        "else bwrap, else local)",
+    )
     check.add_argument(
         "--no-gold-ok",
         action="store_true",
@@ -95,12 +104,17 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_check(args) -> int:
+    from gyre_env.sandbox import choose_backend
     from gyre_env.tasks.check import check_tasks
 
     tasks = _load(args)
+    backend = choose_backend(args.backend)
     start = time.monotonic()
     failed = 0
-    for result in check_tasks(tasks, workers=args.jobs, require_gold=not args.no_gold_ok):
+    results = check_tasks(
+        tasks, workers=args.jobs, require_gold=not args.no_gold_ok, backend=backend
+    )
+    for result in results:
         t = result.task
         gold = (
             f"gold {result.gold.passed}/{t.test_count} passed, {result.gold.collected} collected"
@@ -109,16 +123,17 @@ def _cmd_check(args) -> int:
         )
         line = f"{t.id}: {gold}; empty {result.empty.passed}/{t.test_count}"
         if result.visible is not None:
-            line += f"; visible {result.visible.passed}/{result.visible.collected}"
+            line += f"; visible {result.visible.counts.passed}/{result.visible.counts.collected}"
         if result.ok:
             print(f"PASS {line}")
         else:
             failed += 1
             print(f"FAIL {line}: {'; '.join(result.problems)}")
             if result.gold and result.gold.score < 1.0:
-                print(result.gold.log, file=sys.stderr)
+                for run in result.gold.commands:
+                    print(f"$ {run.command}\n[exit {run.exit_code}]\n{run.output}", file=sys.stderr)
     took = time.monotonic() - start
-    print(f"{len(tasks) - failed} passed, {failed} failed in {took:.1f}s")
+    print(f"{len(tasks) - failed} passed, {failed} failed in {took:.1f}s (sandbox: {backend})")
     return 1 if failed else 0
 
 

@@ -1,6 +1,6 @@
 """Each trick a workspace can plant to change the hidden suite's result, and the grader
-ignoring it. Every test first shows the trick WORKING against a naive runner (the local
-preflight, which runs the same commands with plain pytest), so none of them can pass
+ignoring it. Every test first shows the trick WORKING against a naive runner
+(``calc_task.naive_score``: the same commands with plain pytest), so none of them can pass
 vacuously; then the grader must still give the honest score (1 of 4 tests: 0.25).
 
 Tricks that act through ``pip install`` (installed modules, .pth files, entry points)

@@ -105,6 +105,8 @@ def test_check_nl2repo_without_gold(checkout, tmp_path, capsys):
         f"cache_dir={tmp_path / 'cache'}",
         "--task",
         "mini",
+        "--backend",
+        "local",  # as in the env tests: the task's own image is never built here
     ]
     with pytest.warns(UserWarning):
         assert gyre("tasks", "check", *argv) == 1  # gold required by default

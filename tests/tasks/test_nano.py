@@ -141,7 +141,7 @@ def test_gold_passes_and_empty_scores_zero_for_every_template(root):
     assert not problems, problems
     for r in results:
         assert r.gold.score == 1.0 and r.gold.collected == 4
-        assert r.empty.score == 0.0 and r.visible.passed == r.visible.collected == 1
+        assert r.empty.score == 0.0 and r.visible.counts.passed == r.visible.counts.collected == 1
     print(f"\nnano preflight ({len(tasks)} tasks, gold + visible + empty): {took:.1f}s")
 
 

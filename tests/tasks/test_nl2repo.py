@@ -125,10 +125,11 @@ def test_registered_suite_and_preflight_scores_upstream_solution(checkout, tmp_p
         '[tool.setuptools]\npackages = ["mini"]\n'
     )
     mini.gold_dir = solution
-    gold = run_preflight(mini, gold=True)
-    assert (gold.passed, gold.collected, gold.score) == (2, 2, 1.0), gold.log
-    empty = run_preflight(mini, gold=False)
-    assert empty.passed == 0 and empty.score == 0.0
+    # The local backend, as in the env tests: the task's own image is never built here.
+    gold = run_preflight(mini, gold=True, backend="local")
+    assert (gold.status, gold.passed, gold.collected, gold.score) == ("ok", 2, 2, 1.0), gold
+    empty = run_preflight(mini, gold=False, backend="local")
+    assert empty.valid and empty.passed == 0 and empty.score == 0.0
 
 
 def test_overlay_is_reused_and_never_changed_in_place(checkout, tmp_path):
