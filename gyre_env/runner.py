@@ -45,7 +45,6 @@ from gyre_env.agents.context import EpisodeContext
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(kw_only=True)
 class RunnerConfig:
     """How episodes are run."""

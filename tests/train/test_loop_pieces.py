@@ -19,9 +19,17 @@ def _group(rng, name, rewards):
         s = f"{name}.{k}"
         out = rng.integers(1, 60, 5).tolist()
         records.append(
-            CallRecord(session=s, call_index=0, branch="main", parent=None, role="main",
-                       prompt_ids=prompt, output_ids=out, output_logprobs=[-1.0] * 5,
-                       weight_version=0)  # fmt: skip
+            CallRecord(
+                session=s,
+                call_index=0,
+                branch="main",
+                parent=None,
+                role="main",
+                prompt_ids=prompt,
+                output_ids=out,
+                output_logprobs=[-1.0] * 5,
+                weight_version=0,
+            )  # fmt: skip
         )
         episodes.append(EpisodeInfo(session=s, group=name, outcome="success", reward=r))
     return build_trees(records, episodes)[0]
