@@ -33,15 +33,33 @@ def _post(url: str, body: dict = OK, **kw) -> httpx.Response:
     return httpx.post(url + "/chat/completions", json=body, timeout=30, **kw)
 
 
+class _Gated(ScriptedEngine):
+    """Holds every call until ``gate[0]`` calls have arrived (over all replicas), so the
+    calls are all in flight at once however slowly a loaded machine sends them."""
+
+    def __init__(self, *a, gate: list[int], **kw):
+        super().__init__(*a, **kw)
+        self.gate = gate
+
+    async def stream(self, prompt_ids, params):
+        self.gate[1] += 1
+        deadline = time.monotonic() + 20
+        while self.gate[1] < self.gate[0] and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        async for chunk in super().stream(prompt_ids, params):
+            yield chunk
+
+
 def test_least_loaded_with_session_affinity(start_proxy, enc):
     reply = enc("ok<|im_end|>")
-    a = ScriptedEngine([reply], name="a", delay_s=0.3)
-    b = ScriptedEngine([reply], name="b", delay_s=0.3)
+    gate = [4, 0]  # [calls to wait for, calls arrived]
+    a = _Gated([reply], name="a", gate=gate)
+    b = _Gated([reply], name="b", gate=gate)
     proxy = start_proxy([a, b], affinity_slack=0)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda s: _post(proxy.openai_base_url(f"s{s}")), range(4)))
     assert len(a.prompts) == 2 and len(b.prompts) == 2, "concurrent calls spread over replicas"
-    a.delay_s = b.delay_s = 0.0
+    gate[0] = 0
     for _ in range(3):
         _post(proxy.openai_base_url("sticky"))
     sticky = [r.replica for r in proxy.records() if r.session == "sticky"]
