@@ -50,6 +50,7 @@ from gyre_env.scoring import (
 )
 from gyre_env.spaces import ToolCallSpace, UnicodeText, action_shape_error
 from gyre_env.tasks import TIERS, Task, load_suite, load_task_folder
+from gyre_env.tasks.task import TaskSetupError
 
 log = logging.getLogger(__name__)
 
@@ -227,17 +228,10 @@ class NL2RepoEnv(gym.Env):
         except Exception as e:
             raise EnvInfraError(f"could not start a sandbox for {task.id!r}: {e}") from e
         try:
-            if task.visible_tests_dir is not None:
-                sandbox.put_dir(str(task.visible_tests_dir), ".")
-            if self.config.write_spec:
-                sandbox.write_file("SPEC.md", task.spec)
-            for cmd in task.setup_commands:
-                result = sandbox.exec(cmd, timeout=600)
-                if not result.ok:
-                    raise EnvInfraError(
-                        f"setup command {cmd!r} of {task.id!r} failed "
-                        f"(exit {result.exit_code}): {result.output[-1000:]}"
-                    )
+            task.prepare_workspace(sandbox, spec=self.config.write_spec)
+        except TaskSetupError as e:
+            sandbox.close()
+            raise EnvInfraError(str(e)) from e
         except BaseException:
             sandbox.close()
             raise

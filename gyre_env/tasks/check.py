@@ -25,7 +25,7 @@ from gyre_env.scoring import (
     grade_workspace,
     run_visible_tests,
 )
-from gyre_env.tasks.task import Task
+from gyre_env.tasks.task import Task, TaskSetupError
 
 
 def run_preflight(task: Task, *, gold: bool = True, backend: str = "auto") -> GradingResult:
@@ -49,15 +49,11 @@ def run_visible_preflight(task: Task, *, backend: str = "auto") -> VisibleRun:
     except Exception as e:  # no daemon, missing image: reported like the grader reports it
         return _visible_failure(f"could not start a sandbox: {type(e).__name__}: {e}")
     try:
-        sandbox.put_dir(str(task.visible_tests_dir), ".")
-        for cmd in task.setup_commands:
-            result = sandbox.exec(cmd, timeout=600)
-            if not result.ok:
-                return _visible_failure(
-                    f"setup command `{cmd}` failed (exit {result.exit_code})", result.output
-                )
+        task.prepare_workspace(sandbox)
         sandbox.put_dir(str(task.gold_dir), ".")
         return run_visible_tests(sandbox, task)
+    except TaskSetupError as e:
+        return _visible_failure(str(e), e.output)
     except (SandboxError, OSError) as e:
         return _visible_failure(f"the sandbox failed: {type(e).__name__}: {e}")
     finally:

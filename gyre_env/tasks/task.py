@@ -41,6 +41,14 @@ class TaskFormatError(ValueError):
     """A task folder or its ``task.toml`` is malformed; the message names the file and field."""
 
 
+class TaskSetupError(RuntimeError):
+    """A task's ``setup_commands`` failed in a fresh sandbox (not the agent's doing)."""
+
+    def __init__(self, message: str, output: str = ""):
+        super().__init__(message)
+        self.output = output
+
+
 @dataclass(frozen=True)
 class GradingCommand:
     """One shell command of the grading run and the JUnit report it writes (if any)."""
@@ -163,6 +171,23 @@ class Task:
             )
         if self.gold_dir is not None:
             _check(self.gold_dir.is_dir(), where, "gold", f"{self.gold_dir} is not a folder")
+
+    def prepare_workspace(self, sandbox, *, spec: bool = False) -> None:
+        """Set a fresh agent sandbox up the way every episode starts: the visible tests,
+        ``SPEC.md`` when ``spec``, then ``setup_commands``. Raises ``TaskSetupError``
+        naming the command that failed."""
+        if self.visible_tests_dir is not None:
+            sandbox.put_dir(str(self.visible_tests_dir), ".")
+        if spec:
+            sandbox.write_file("SPEC.md", self.spec)
+        for cmd in self.setup_commands:
+            result = sandbox.exec(cmd, timeout=600)
+            if not result.ok:
+                raise TaskSetupError(
+                    f"setup command {cmd!r} of {self.id!r} failed (exit {result.exit_code}): "
+                    f"{result.output[-1000:]}",
+                    result.output,
+                )
 
     def grading_commands(self, report_dir: str) -> list[GradingCommand]:
         """The test commands as the grader runs them, each pytest one writing its own report.

@@ -76,7 +76,7 @@ class SFTConfig:
 
     trajectories: int = 64
     """Gold episodes recorded: this many training tasks with gold, drawn for the seed
-    (0 skips SFT). RL draws its tasks from the rest of the training pool."""
+    (0 skips SFT). Which tasks RL samples: ``tasks.rl_includes_sft_tasks``."""
     steps: int = 60
     """Optimizer steps over those trajectories."""
     batch_size: int = 16
@@ -99,10 +99,10 @@ class AlgorithmConfig:
     """``SampleConfig`` fields (``gyre_env.trajectory.sampling``): token_budget,
     role_weights, normalize_std, max_paths_per_episode (J_max), overflow."""
     skip_zero_variance: bool = True
-    """Leave out of the optimizer steps the groups whose rewards are all equal (their
-    GRPO advantages are all 0, so they carry no signal and would only dilute a
-    token-level normaliser: DAPO's dynamic-sampling filter). Their share is logged as
-    ``zero_variance_groups``."""
+    """Leave out of the optimizer steps the groups whose rewards are all equal (DAPO's
+    dynamic-sampling filter): their GRPO advantages are all 0, so they carry no signal,
+    cost a forward and backward, and dilute a token-level normaliser. Their share is
+    logged as ``zero_variance_groups``, their count per iteration as ``groups_skipped``."""
     optim: dict = field(default_factory=dict)
     """``TorchTrainerConfig`` fields (``gyre_env.trainers.torch_backend``): lr, betas,
     weight_decay, grad_clip, warmup_steps, device, dtype."""

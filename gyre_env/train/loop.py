@@ -475,7 +475,7 @@ class _KeepOpen:
 
 
 def units_of(trees, cfg: TrainConfig):
-    """Packed units of ``trees`` under the run's sampling config (SFT: no advantages)."""
+    """Packed units of ``trees`` under the run's sampling config."""
     from gyre_env.trajectory.packing import pack
     from gyre_env.trajectory.sampling import bounded_samples
 
@@ -489,22 +489,21 @@ def rl_minibatches(trees, cfg: TrainConfig, rng) -> tuple[list[list], int]:
     Groups without signal (all advantages 0) are left out first when
     ``algorithm.skip_zero_variance``. Returns the minibatches and how many groups were
     left out; deterministic for ``rng``'s seed (a resumed run rebuilds the same list)."""
-    from gyre_env.trajectory.packing import pack
-    from gyre_env.trajectory.sampling import bounded_samples, group_advantages
+    from gyre_env.trajectory.sampling import group_advantages
 
-    sample = cfg.sample_config()
     kept = trees
     if cfg.algorithm.skip_zero_variance:
+        sample = cfg.sample_config()
         kept = [t for t in trees if any(group_advantages(t, sample).values())]
     if not kept:
-        return [], len(trees) - len(kept)
+        return [], len(trees)
     out = []
     k = min(cfg.schedule.optimizer_steps, len(kept))
     for _ in range(cfg.schedule.epochs):
         for chunk in np.array_split(rng.permutation(len(kept)), k):
-            units, _ = bounded_samples([kept[i] for i in chunk], sample)
+            units = units_of([kept[i] for i in chunk], cfg)
             if units:
-                out.append([pack(u) for u in units])
+                out.append(units)
     return out, len(trees) - len(kept)
 
 
