@@ -86,12 +86,23 @@ class ProxyMetrics:
         stats.add(**kw)
         self.replicas.setdefault(replica or "none", _Stats()).add(**kw)
 
-    def render(self, inflight: dict[str, int] | None = None, waiting: int = 0) -> str:
+    def render(
+        self,
+        inflight: dict[str, int] | None = None,
+        waiting: int = 0,
+        sync: dict[str, tuple[bool, int]] | None = None,
+    ) -> str:
+        """``sync`` maps a replica to (excluded from routing, weight-sync failures so far)."""
         lines: list[str] = [f"gyre_proxy_waiting_calls {waiting}"]
         for scope, table in (("session", self.sessions), ("replica", self.replicas)):
             lines += _family(scope, table)
         for name, value in (inflight or {}).items():
             lines.append(f'gyre_proxy_replica_inflight{{replica="{_esc(name)}"}} {value}')
+        for name, (excluded, failures) in (sync or {}).items():
+            lines.append(f'gyre_proxy_replica_excluded{{replica="{_esc(name)}"}} {int(excluded)}')
+            lines.append(
+                f'gyre_proxy_replica_weight_sync_failures_total{{replica="{_esc(name)}"}} {failures}'
+            )
         lines.append(f"gyre_proxy_render_mismatch_total {self.render_mismatches}")
         lines.append(f"gyre_proxy_new_branches_total {self.new_branches}")
         return "\n".join(lines) + "\n"

@@ -7,12 +7,17 @@ replica accepts, the call waits up to ``wait_timeout_s`` and the caller gets ``P
 to keep a streaming response alive. A replica that fails mid-request is marked down; the
 generation continues on another replica from the prompt plus the ids already produced, so
 the client sees one uninterrupted answer and the record lists both replicas.
+
+A replica whose weight sync failed is *excluded* (:meth:`Router.exclude`): no call goes to
+it until :meth:`Router.readmit` after a full resync; calls wait for another replica
+meanwhile. Both are logged (``WEIGHT_SYNC_FAILED`` / ``WEIGHT_SYNC_RECOVERED``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -25,6 +30,8 @@ from gyre_env.engines.base import (
     SamplingParams,
     TokenChunk,
 )
+
+log = logging.getLogger(__name__)
 
 PING = object()
 """Yielded by :meth:`Router.stream` while the call waits for a replica."""
@@ -44,6 +51,9 @@ class Replica:
     down_until: float = 0.0
     """Not tried before this time after a failure."""
     served: int = 0
+    excluded: str | None = None
+    """Why it is out of routing (a failed weight sync) until readmitted; None when in."""
+    sync_failures: int = 0
 
 
 @dataclass
@@ -98,7 +108,10 @@ class Router:
         ready = [
             r
             for r in self.replicas
-            if r.name not in exclude and r.paused_until <= now and r.down_until <= now
+            if r.name not in exclude
+            and r.paused_until <= now
+            and r.down_until <= now
+            and r.excluded is None
         ]
         if not ready:
             return None
@@ -230,6 +243,26 @@ class Router:
         if not chosen:
             raise KeyError(f"no replica named {name!r}; have {[r.name for r in self.replicas]}")
         return chosen
+
+    def exclude(self, name: str, reason: str) -> None:
+        """Take a replica out of routing (its weights are not one whole version) until
+        :meth:`readmit`; calls already streaming from it finish."""
+        for r in self._select(name):
+            r.excluded = reason
+            r.sync_failures += 1
+            log.warning("WEIGHT_SYNC_FAILED replica=%s excluded from routing: %s", r.name, reason)
+
+    def readmit(self, name: str, version: int) -> None:
+        """Route to a replica again after a full resync to ``version``."""
+        for r in self._select(name):
+            if r.excluded is not None:
+                log.warning(
+                    "WEIGHT_SYNC_RECOVERED replica=%s back in routing at version %d",
+                    r.name,
+                    version,
+                )
+            r.excluded = None
+        self._changed.set()
 
     def notify(self) -> None:
         """Wake waiting calls (e.g. after resuming an engine directly)."""

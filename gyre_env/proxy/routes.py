@@ -213,7 +213,8 @@ class Routes:
         if self.core is None:
             return self._Response("", media_type=_PROMETHEUS)
         inflight = {r.name: r.inflight for r in self.replicas}
-        text = self.core.metrics.render(inflight, waiting=self.core.router.waiting)
+        sync = {r.name: (r.excluded is not None, r.sync_failures) for r in self.replicas}
+        text = self.core.metrics.render(inflight, waiting=self.core.router.waiting, sync=sync)
         return self._Response(text, media_type=_PROMETHEUS)
 
     async def drop_session(self, request):
