@@ -1,0 +1,279 @@
+"""torch.distributed weight sync: the trainer broadcasts buckets to engines in other processes.
+
+The publisher is rank 0 of a dedicated process group (gloo on CPU, NCCL on GPUs) that it
+builds directly on a TCPStore it serves, under its own key prefix (``group_name``): it
+never touches the default group, so a trainer's own ``init_process_group`` and this one
+cannot cross. Receivers (ranks 1..world_size-1) connect to that store.
+
+Per version: the publisher posts ``latest`` and the :class:`Manifest` on the store, then
+broadcasts a header (version, bucket count) and every bucket (packing bucket i+1 while
+bucket i is on the wire). Each receiver stages all buckets before its engine swaps them
+in, then marks ``done/<version>/<rank>``. Every store wait and collective has the
+``timeout_s`` deadline: a wrong world size, port or prefix fails within it (naming the
+group, its address and the ranks), as does a peer that dies mid-broadcast. A failed
+collective poisons the group; the next publish forms a new *generation* of it, which the
+surviving receivers (and restarted ones) join, so a full resync follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gyre_env._optional import require
+from gyre_env.weightsync.base import (
+    Manifest,
+    SyncConfig,
+    SyncTimeoutError,
+    WeightSyncError,
+    alloc_buckets,
+    check_version,
+    named_list,
+    open_store,
+    pack_bucket,
+    plan_buckets,
+    store_get,
+    unpack_bucket,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+BACKENDS = ("gloo", "nccl")
+
+
+@dataclass(kw_only=True)
+class DistSyncConfig(SyncConfig):
+    """Where the group meets and who is in it."""
+
+    host: str = "127.0.0.1"
+    """Address of the publisher's store (rank 0)."""
+    port: int = 29650
+    """Port of the publisher's store; not the trainer's own MASTER_PORT."""
+    world_size: int = 2
+    """Publisher plus every receiver."""
+    group_name: str = "gyre-weights"
+    """Store key prefix of this group; two groups on one store need two names."""
+    backend: str = "gloo"
+    """``gloo`` (CPU tensors) or ``nccl`` (CUDA tensors, one GPU per rank)."""
+    device: str = "cpu"
+    """Where the buckets live: ``cpu`` for gloo, ``cuda[:N]`` for NCCL."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.world_size < 2:
+            raise ValueError(
+                f"world_size must be >= 2 (a publisher and a receiver), got {self.world_size}"
+            )
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+
+    @property
+    def where(self) -> str:
+        return (
+            f"group {self.group_name!r} at {self.host}:{self.port} (world_size {self.world_size})"
+        )
+
+
+class _Group:
+    """One generation of the process group, with its store; shared by both sides."""
+
+    def __init__(self, config: DistSyncConfig, rank: int, store, generation: int):
+        self.config, self.rank, self.generation = config, rank, generation
+        dist = require("torch.distributed", "torch.distributed weight sync")
+        timeout = datetime.timedelta(seconds=config.timeout_s)
+        prefixed = dist.PrefixStore(f"gen{generation}", store)
+        peer = f"{config.where}, generation {generation}"
+        try:
+            if config.backend == "gloo":
+                self.pg = dist.ProcessGroupGloo(prefixed, rank, config.world_size, timeout)
+            else:
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = timeout
+                self.pg = dist.ProcessGroupNCCL(prefixed, rank, config.world_size, options)
+        except (RuntimeError, dist.DistError) as e:
+            raise SyncTimeoutError(
+                f"rank {rank} could not form the group within {config.timeout_s:g}s "
+                f"(are world_size, port and group_name the same on every rank?): {e}",
+                peer=peer,
+            ) from e
+        self._dist = dist
+
+    def broadcast(self, tensor: torch.Tensor):
+        """Start a broadcast from rank 0; returns its Work (``.wait()`` raises past the deadline)."""
+        return self.pg.broadcast([tensor], self._dist.BroadcastOptions())
+
+
+class DistPublisher:
+    """Rank 0: serves the store and broadcasts each published version."""
+
+    def __init__(self, config: DistSyncConfig):
+        self.config = config
+        self.version: int | None = None
+        self._store = open_store(
+            config.host, config.port, serve=True, prefix=config.group_name,
+            timeout_s=config.timeout_s, peer=config.where,
+        )  # fmt: skip
+        self._generation = 0
+        self._group: _Group | None = None
+        self._buffers: list = []
+
+    def _ensure_group(self) -> _Group:
+        if self._group is None:
+            self._group = _Group(self.config, 0, self._store, self._generation)
+        return self._group
+
+    def _broadcast(self, group: _Group, manifest: Manifest, tensors: dict) -> None:
+        """Header, then every bucket; bucket i+1 is packed while bucket i is on the wire."""
+        torch = require("torch", "torch.distributed weight sync")
+        size = max(b.nbytes for b in manifest.buckets) or 1
+        if len(self._buffers) != 2 or self._buffers[0].numel() < size:
+            self._buffers = [
+                torch.empty(size, dtype=torch.uint8, device=self.config.device) for _ in range(2)
+            ]
+        header = torch.tensor([manifest.version, len(manifest.buckets)], dtype=torch.int64)
+        group.broadcast(header.to(self.config.device)).wait()
+        works: list = [None, None]
+        for i, bucket in enumerate(manifest.buckets):
+            slot = i % 2
+            if works[slot] is not None:
+                works[slot].wait()  # this buffer's previous broadcast must be done
+            buf = self._buffers[slot][: max(bucket.nbytes, 1)]
+            pack_bucket(bucket, tensors, buf)
+            works[slot] = group.broadcast(buf)
+        for work in works:
+            if work is not None:
+                work.wait()
+
+    def publish(self, named_tensors: Mapping | Iterable, version: int) -> None:
+        """Broadcast ``version`` to every receiver; blocks until each has it staged."""
+        named = named_list(named_tensors)
+        check_version(version, self.version, peer="this publisher")
+        manifest = plan_buckets(named, self.config.bucket_bytes, version)
+        if self._group is None:
+            self._generation += 1  # receivers join the generation named in ``latest``
+        self.version = version
+        self._store.set(f"manifest/{version}", manifest.to_json())
+        self._store.set("latest", f"{self._generation}:{version}")
+        group = self._ensure_group()
+        try:
+            self._broadcast(group, manifest, dict(named))
+        except RuntimeError as e:
+            self._group = None  # a failed collective poisons the group: re-form next time
+            raise WeightSyncError(
+                f"broadcast of version {version} failed; ranks without a completed receive: "
+                f"{self._missing(version)}: {e}",
+                peer=f"{self.config.where}, generation {group.generation}",
+            ) from e
+        self._wait_done(version, group.generation)
+
+    def _missing(self, version: int) -> list[int]:
+        ranks = range(1, self.config.world_size)
+        return [r for r in ranks if store_get(self._store, f"done/{version}/{r}") is None]
+
+    def _wait_done(self, version: int, generation: int) -> None:
+        """Receivers mark a version done once staged; wait for all, within the deadline."""
+        deadline = time.monotonic() + self.config.timeout_s
+        while missing := self._missing(version):
+            if time.monotonic() > deadline:
+                raise SyncTimeoutError(
+                    f"ranks {missing} did not confirm version {version} "
+                    f"within {self.config.timeout_s:g}s",
+                    peer=f"{self.config.where}, generation {generation}",
+                )
+            time.sleep(0.002)
+
+    def close(self) -> None:
+        self._group = None
+        self._buffers = []
+
+
+class DistReceiver:
+    """Rank ``rank`` (1..world_size-1): joins the publisher's group and stages versions."""
+
+    def __init__(self, config: DistSyncConfig, rank: int):
+        if not 0 < rank < config.world_size:
+            raise ValueError(f"a receiver's rank must be in 1..{config.world_size - 1}, got {rank}")
+        self.config = config
+        self.rank = rank
+        self.peer = f"rank 0 of {config.where}"
+        self._store = None
+        self._group: _Group | None = None
+        self._buffers: list = []
+        self._layout: tuple | None = None
+
+    def _board(self):
+        if self._store is None:
+            cfg = self.config
+            self._store = open_store(
+                cfg.host, cfg.port, serve=False, prefix=cfg.group_name,
+                timeout_s=cfg.timeout_s, peer=self.peer,
+            )  # fmt: skip
+        return self._store
+
+    def _latest(self) -> tuple[int, int] | None:
+        try:
+            raw = store_get(self._board(), "latest")
+        except RuntimeError as e:  # the publisher (and its store) went away
+            self._store = self._group = None
+            raise WeightSyncError(f"lost the store: {e}", peer=self.peer) from e
+        if raw is None:
+            return None
+        generation, version = raw.decode().split(":")
+        return int(generation), int(version)
+
+    async def latest_version(self) -> int | None:
+        latest = await asyncio.to_thread(self._latest)
+        return None if latest is None else latest[1]
+
+    async def receive(self, after: int | None) -> tuple[int, Mapping[str, torch.Tensor]]:
+        return await asyncio.to_thread(self._receive, after)
+
+    def _receive(self, after: int | None) -> tuple[int, dict[str, torch.Tensor]]:
+        latest = self._latest()
+        if latest is None:
+            raise WeightSyncError("nothing was published yet", peer=self.peer)
+        generation, version = latest
+        if self._group is None or self._group.generation != generation:
+            self._group = _Group(self.config, self.rank, self._board(), generation)
+        try:
+            return self._stage(after)
+        except RuntimeError as e:
+            self._group = None
+            self._store = None  # reconnect: a restarted publisher serves a new store
+            raise WeightSyncError(f"receiving version {version} failed: {e}", peer=self.peer) from e
+
+    def _stage(self, after: int | None) -> tuple[int, dict[str, torch.Tensor]]:
+        torch = require("torch", "torch.distributed weight sync")
+        header = torch.zeros(2, dtype=torch.int64, device=self.config.device)
+        self._group.broadcast(header).wait()
+        version, count = (int(x) for x in header.tolist())
+        check_version(version, after, peer=self.peer)
+        manifest = Manifest.from_json(self._store.get(f"manifest/{version}"))
+        if len(manifest.buckets) != count:
+            raise WeightSyncError(
+                f"version {version}: header says {count} buckets, manifest {len(manifest.buckets)}",
+                peer=self.peer,
+            )
+        if manifest.layout() != self._layout:
+            self._buffers = alloc_buckets(manifest, self.config.device)
+            self._layout = manifest.layout()
+        works = [self._group.broadcast(buf) for buf in self._buffers]
+        for work in works:
+            work.wait()
+        tensors: dict[str, torch.Tensor] = {}
+        for bucket, buf in zip(manifest.buckets, self._buffers, strict=True):
+            tensors.update(unpack_bucket(bucket, buf))
+        self._store.set(f"done/{version}/{self.rank}", "1")
+        return version, tensors
+
+    def close(self) -> None:
+        self._group = None
+        self._store = None
+        self._buffers = []
