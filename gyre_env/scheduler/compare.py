@@ -1,0 +1,160 @@
+"""Every enabled policy on one config, the split policies at their best ``k``, and sweeps.
+
+``compare(cfg)`` is what ``gyre simulate`` runs: each enabled policy on the config's cluster
+and workload (the static split and the asynchronous policy once per ``k`` of their sweep,
+the best by trained tokens kept), then each sweep value of ``[sweep]`` for every policy.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gyre_env.scheduler.config import SimConfig
+from gyre_env.scheduler.peers import (
+    AsyncStalenessPolicy,
+    ColocatedSyncPolicy,
+    DynamicResourcePolicy,
+    StaticSplitPolicy,
+)
+from gyre_env.scheduler.policy import WaterlevelPolicy
+from gyre_env.scheduler.sim import SimResult, simulate
+from gyre_env.scheduler.workload import make_workload
+
+SPLIT_POLICIES = ("static_split", "async")
+
+
+@dataclass
+class Comparison:
+    """Results of one ``compare`` call."""
+
+    results: dict[str, SimResult]
+    """Per policy, its run (the split policies: at their best k)."""
+    k_sweeps: dict[str, list[tuple[int, SimResult]]] = field(default_factory=dict)
+    sweeps: dict[str, list[tuple[float, dict[str, SimResult]]]] = field(default_factory=dict)
+
+    def best_peer(self) -> str | None:
+        peers = [n for n in self.results if n != "waterlevel"]
+        return max(peers, key=lambda n: self.results[n].trained_tokens, default=None)
+
+    def waterlevel_ratio(self) -> float | None:
+        """Waterlevel's trained tokens over the best peer's."""
+        best = self.best_peer()
+        if "waterlevel" not in self.results or best is None:
+            return None
+        base = self.results[best].trained_tokens
+        return self.results["waterlevel"].trained_tokens / base if base else None
+
+
+def policy_factories(cfg: SimConfig) -> dict[str, Callable[..., object]]:
+    """Constructors of the enabled policies; the split ones take ``k``."""
+    p = cfg.policies
+    out: dict[str, Callable[..., object]] = {}
+    if p.colocated.enabled:
+        out["colocated"] = ColocatedSyncPolicy
+    if p.static_split.enabled:
+        out["static_split"] = lambda k: StaticSplitPolicy(rollout_cells=k)
+    if p.async_staleness.enabled:
+        out["async"] = lambda k: AsyncStalenessPolicy(rollout_cells=k)
+    if p.dynamic.enabled:
+        d = p.dynamic
+        out["dynamic"] = lambda: DynamicResourcePolicy(
+            queue_threshold=d.queue_threshold,
+            switch_prior_s=d.switch_prior_s,
+            initial_rollout_fraction=d.initial_rollout_fraction,
+        )
+    if p.waterlevel.enabled:
+        w = p.waterlevel
+        out["waterlevel"] = lambda: WaterlevelPolicy(
+            min_rollout_cells=w.min_rollout_cells,
+            gain_margin=w.gain_margin,
+            min_dwell_factor=w.min_dwell_factor,
+            max_batch_growth=w.max_batch_growth,
+        )
+    return out
+
+
+def k_grid(n: int, given: list[int], points: int = 8) -> list[int]:
+    """The ``k`` values to sweep: ``given``, or up to ``points`` even steps over 1..n-1."""
+    if given:
+        return sorted({k for k in given if 1 <= k < n} or {max(1, n - 1)})
+    if n < 2:
+        return [1]
+    step = max(1, round((n - 1) / points))
+    return sorted({*range(1, n, step), n - 1})
+
+
+def sweep_best(cfg: SimConfig, make, ks: list[int], workload=None) -> list[tuple[int, SimResult]]:
+    """``make(k)`` run for each ``k``; sorted best first (most trained tokens, then fewer
+    rollout cells)."""
+    runs = [(k, simulate(cfg, make(k), workload)) for k in ks]
+    return sorted(runs, key=lambda kr: (-kr[1].trained_tokens, kr[0]))
+
+
+def compare(cfg: SimConfig, *, sweeps: bool = True, progress=None) -> Comparison:
+    """Every enabled policy on ``cfg``; then ``cfg.sweep``'s sweeps when ``sweeps``."""
+    workload = make_workload(cfg.workload, cfg.seed)
+    factories = policy_factories(cfg)
+    results: dict[str, SimResult] = {}
+    k_sweeps: dict[str, list[tuple[int, SimResult]]] = {}
+    given = {
+        "static_split": cfg.policies.static_split.rollout_cells,
+        "async": cfg.policies.async_staleness.rollout_cells,
+    }
+    for name, make in factories.items():
+        if progress:
+            progress(name)
+        if name in SPLIT_POLICIES:
+            runs = sweep_best(cfg, make, k_grid(cfg.cells.count, given[name]), workload)
+            k_sweeps[name] = sorted(runs, key=lambda kr: kr[0])
+            results[name] = runs[0][1]
+        else:
+            results[name] = simulate(cfg, make(), workload)
+    out = Comparison(results=results, k_sweeps=k_sweeps)
+    if sweeps:
+        out.sweeps = run_sweeps(cfg, factories, results, progress)
+    return out
+
+
+def _variant(cfg: SimConfig, what: str, value: float) -> SimConfig:
+    v = copy.deepcopy(cfg)
+    v.duration_s = cfg.sweep.duration_s
+    v.gantt_max_segments = 0
+    if what == "tool_tail_fraction":
+        v.workload.tool_s.tail_fraction = float(value)
+    elif what == "cells":
+        v.cells.count = int(value)
+    elif what == "switch_cost_scale":
+        v.cells.switch_to_training_s *= value
+        v.cells.switch_to_rollout_s *= value
+    else:
+        raise ValueError(f"unknown sweep {what!r}")
+    return v
+
+
+def run_sweeps(cfg: SimConfig, factories, results, progress=None):
+    """Each sweep value of ``cfg.sweep`` for every policy (split policies at their best
+    ``k``'s share of the cluster)."""
+    out: dict[str, list[tuple[float, dict[str, SimResult]]]] = {}
+    for what in ("tool_tail_fraction", "cells", "switch_cost_scale"):
+        values = getattr(cfg.sweep, what)
+        if not values:
+            continue
+        rows = []
+        for value in values:
+            if progress:
+                progress(f"sweep {what}={value}")
+            v = _variant(cfg, what, value)
+            workload = make_workload(v.workload, v.seed)
+            row = {}
+            for name, make in factories.items():
+                if name in SPLIT_POLICIES:
+                    share = results[name].params["rollout_cells"] / cfg.cells.count
+                    k = max(1, min(v.cells.count - 1, round(share * v.cells.count)))
+                    row[name] = simulate(v, make(k), workload)
+                else:
+                    row[name] = simulate(v, make(), workload)
+            rows.append((value, row))
+        out[what] = rows
+    return out

@@ -1,0 +1,295 @@
+"""A real ``gyre train`` run folder as simulator input, and its measured wall time.
+
+Inputs taken from the trace: each RL episode's setup, tool, agent and scoring times and
+its calls (tokens from ``store.db``, measured call times), the optimizer steps' times and
+tokens (``metrics.jsonl`` ``rl`` records), the weight push time, and the run's shape
+(``config.json``: agent slots, batch, optimizer steps). Outputs kept apart for checking:
+each RL iteration's wall time (from the previous record to its ``iteration`` record, so
+held-out evaluations between iterations are not part of it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gyre_env.scheduler.config import CellConfig, Dist, SimConfig, TrainingConfig, WorkloadConfig
+from gyre_env.scheduler.workload import Episode
+
+_RL_ID = re.compile(r"^rl\.(\d+)\.r\d+\.(\d+)\..*\.(\d+)$")
+
+
+@dataclass
+class RunTrace:
+    """What :func:`load_run` read from a run folder."""
+
+    folder: Path
+    groups: list[list[Episode]]
+    """RL groups in the order the run started them."""
+    groups_per_iteration: int
+    steps_per_iteration: int
+    parallel: int
+    group_size: int
+    measured_s: list[float]
+    """Measured wall time of each RL iteration."""
+    step_tokens: list[tuple[int, float, float]] = field(default_factory=list)
+    """Per iteration: (trained episode tokens, optimizer steps, summed step seconds)."""
+    sync_s: float = 0.0
+    calls: np.ndarray | None = None
+    """[n, 5]: new prompt tokens, output tokens, prefill s, decode s, calls in flight."""
+
+    @property
+    def iterations(self) -> int:
+        return len(self.measured_s)
+
+
+def _records(folder: Path, name: str) -> list[dict]:
+    path = folder / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} is not a gyre train run folder: no {name}")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def _store_calls(folder: Path) -> dict[str, list[dict]]:
+    """session -> its calls in order: new prompt tokens, output tokens and timings."""
+    path = folder / "store.db"
+    if not path.is_file():
+        return {}
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = db.execute(
+            "SELECT session, prompt_len, length(output_ids) / 4, meta FROM calls "
+            "ORDER BY session, call_index"
+        ).fetchall()
+    finally:
+        db.close()
+    out: dict[str, list[dict]] = {}
+    for session, prompt_len, n_out, meta in rows:
+        m = json.loads(meta)
+        tm = m.get("timings", {})
+        out.setdefault(session, []).append(
+            dict(
+                new=max(int(prompt_len) - int(m.get("prefix_len") or 0), 0),
+                out=int(n_out),
+                total=float(tm.get("total", 0.0)),
+                prefill=float(tm.get("prefill", 0.0)),
+                decode=float(tm.get("decode", 0.0)),
+                end=float(m.get("created", 0.0)),
+            )
+        )
+    return out
+
+
+def _episode(rec: dict, calls: list[dict], trained: bool) -> Episode:
+    """One episodes.jsonl record as an Episode: per-call times replayed (the store's call
+    times scaled to the agent-side model time), tool time after each call from the trace,
+    agent overhead shared evenly between the turns."""
+    t = rec["times"]
+    n = len(calls) or int(rec.get("model_calls", 0))
+    if not n:
+        return Episode(
+            setup_s=t["setup"], scoring_s=t["scoring"] + t["tool"] + t["agent"],
+            prompt_new=[], output=[], tool_s=[], call_s=[], trained=trained,
+        )  # fmt: skip
+    tool = [0.0] * n
+    for step in rec.get("trace", []):
+        if step.get("tool") != "submit":
+            tool[min(int(step.get("after_call", 0)), n - 1)] += float(step["seconds"])
+    scale = t["tool"] / sum(tool) if sum(tool) > 0 else 0.0
+    tool = [x * scale + t["agent"] / n for x in tool]
+    if not sum(tool) and t["tool"]:
+        tool = [t["tool"] / n + t["agent"] / n] * n
+    engine = [c["total"] for c in calls] if calls else [t["model"] / n] * n
+    model_scale = t["model"] / sum(engine) if sum(engine) > 0 else 1.0
+    return Episode(
+        setup_s=t["setup"],
+        scoring_s=t["scoring"],
+        prompt_new=[c["new"] for c in calls] if calls else [0] * n,
+        output=[c["out"] for c in calls] if calls else [0] * n,
+        tool_s=tool,
+        call_s=[x * model_scale for x in engine],
+        trained=trained,
+    )
+
+
+def load_run(folder: str | Path) -> RunTrace:
+    """Read a ``gyre train`` run folder (see the module doc)."""
+    folder = Path(folder)
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    rollout, schedule = cfg["rollout"], cfg["schedule"]
+    skip_zero = bool(cfg.get("algorithm", {}).get("skip_zero_variance", True))
+    metrics = _records(folder, "metrics.jsonl")
+    store = _store_calls(folder)
+    by_iter: dict[int, dict[str, list]] = {}
+    for rec in _records(folder, "episodes.jsonl"):
+        m = _RL_ID.match(rec["episode_id"])
+        if m and rec.get("outcome") != "infra_error":
+            key = (int(m[2]), int(m[3]))
+            by_iter.setdefault(int(m[1]), {}).setdefault(rec["group"], []).append((key, rec))
+    iterations = [r for r in metrics if r.get("kind") == "iteration"]
+    groups: list[list[Episode]] = []
+    step_tokens = []
+    for it in sorted(by_iter):
+        ordered = sorted(by_iter[it].values(), key=lambda g: min(k for k, _ in g))
+        tokens = 0
+        for members in ordered:
+            members.sort(key=lambda kr: kr[0])
+            scores = {r.get("score") for _, r in members}
+            trained = not (skip_zero and len(scores) <= 1)
+            grp = [_episode(r, store.get(r["session"], []), trained) for _, r in members]
+            tokens += sum(e.tokens for e in grp) if trained else 0
+            groups.append(grp)
+        steps = [r for r in metrics if r.get("kind") == "rl" and r.get("iteration") == it]
+        step_tokens.append((tokens, len(steps), sum(r["step_s"] for r in steps)))
+    return RunTrace(
+        folder=folder,
+        groups=groups,
+        groups_per_iteration=int(rollout["tasks_per_iteration"]),
+        steps_per_iteration=int(schedule["optimizer_steps"]),
+        parallel=int(rollout["parallel"]),
+        group_size=int(rollout["group_size"]),
+        measured_s=_iteration_walls(metrics),
+        step_tokens=step_tokens,
+        sync_s=float(np.mean([r["time_sync"] for r in iterations])) if iterations else 0.0,
+        calls=_call_table(store),
+    )
+
+
+def _iteration_walls(metrics: list[dict]) -> list[float]:
+    """Each ``iteration`` record's time minus the record before it (an eval, a phase or the
+    previous iteration)."""
+    out, prev = [], None
+    for r in metrics:
+        if r.get("kind") in ("rl", "sft"):
+            continue
+        if r.get("kind") == "iteration" and prev is not None:
+            out.append(r["time"] - prev)
+        prev = r["time"]
+    return out
+
+
+def _call_table(store: dict[str, list[dict]]) -> np.ndarray | None:
+    calls = [c for cs in store.values() for c in cs]
+    if not calls:
+        return None
+    ends = np.array([c["end"] for c in calls])
+    starts = ends - np.array([c["total"] for c in calls])
+    order_s, order_e = np.sort(starts), np.sort(ends)
+    # calls in flight at each call's start (itself included)
+    in_flight = np.searchsorted(order_s, starts, "right") - np.searchsorted(
+        order_e, starts, "right"
+    )
+    return np.array(
+        [
+            [c["new"], c["out"], c["prefill"], c["decode"], f]
+            for c, f in zip(calls, in_flight, strict=True)
+        ],
+        dtype=np.float64,
+    )
+
+
+def fit_cells(trace: RunTrace) -> CellConfig:
+    """One cell priced from the trace: the engine's prefill rate and per-request decode rate
+    against its batch (least squares on the calls), the training rate and step overhead
+    (least squares on the iterations' steps), the weight push time. No switch cost: the
+    synchronous CPU loop keeps its engine loaded while it trains."""
+    prefill_tps, decode_tps, slowdown = 20000.0, 60.0, 0.0
+    c = trace.calls
+    if c is not None and len(c):
+        prefill_tps = max(c[:, 0].sum() / max(c[:, 2].sum(), 1e-9), 1.0)
+        ok = c[:, 1] > 0
+        per_token = c[ok, 3] / c[ok, 1]  # decode seconds per output token
+        a, b = np.linalg.lstsq(np.c_[np.ones(ok.sum()), c[ok, 4] - 1], per_token, rcond=None)[0]
+        a = max(a, 1e-6)
+        decode_tps, slowdown = 1.0 / a, max(b / a, 0.0)
+    tps, overhead = _fit_training(trace.step_tokens)
+    return CellConfig(
+        count=1,
+        max_concurrent=trace.parallel,
+        prefill_tokens_per_s=float(prefill_tps),
+        decode_tokens_per_s=float(decode_tps),
+        batch_slowdown=float(slowdown),
+        context_halfspeed_tokens=1e12,
+        train_tokens_per_s=float(tps),
+        step_overhead_s=float(overhead),
+        switch_to_training_s=0.0,
+        switch_to_rollout_s=0.0,
+        switch_jitter=0.0,
+        weight_sync_s=float(trace.sync_s),
+    )
+
+
+def _fit_training(rows: list[tuple[int, float, float]]) -> tuple[float, float]:
+    """(tokens/s, seconds per step) with seconds = tokens / rate + steps * overhead."""
+    rows = [r for r in rows if r[1] > 0]
+    if not rows:
+        return 1e9, 0.0
+    x = np.array([[tok, steps] for tok, steps, _ in rows], dtype=np.float64)
+    y = np.array([s for *_, s in rows])
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    inv_rate, overhead = float(coef[0]), float(coef[1])
+    if inv_rate <= 0 or overhead < 0:  # degenerate: one rate for everything
+        return float(x[:, 0].sum() / max(y.sum(), 1e-9)), 0.0
+    return 1.0 / inv_rate, overhead
+
+
+def trace_config(trace: RunTrace, *, seed: int = 0) -> SimConfig:
+    """A simulation of the traced run: one cell, the run's agent slots and batch, room
+    enough for its iterations (the synchronous loop ends on ``max_steps``)."""
+    return SimConfig(
+        name=f"replay of {trace.folder}",
+        seed=seed,
+        duration_s=10 * sum(trace.measured_s) + 3600.0,
+        max_groups=len(trace.groups),
+        decision_interval_s=1.0,
+        cells=fit_cells(trace),
+        workload=WorkloadConfig(
+            source="trace",
+            trace=str(trace.folder),
+            group_size=trace.group_size,
+            max_concurrent_episodes=trace.parallel,
+        ),
+        training=TrainingConfig(
+            groups_per_step=1,
+            steps_per_iteration=trace.steps_per_iteration,
+            groups_per_iteration=trace.groups_per_iteration,
+            staleness_bound=10**6,
+        ),
+    )
+
+
+def _fit(values: list[float], **kw) -> Dist:
+    """A lognormal body fitted to ``values`` (log-mean and log-std of the positive ones);
+    zeros are kept as a point mass only when they are the majority (then: constant 0)."""
+    x = np.asarray(values, dtype=np.float64)
+    pos = x[x > 0]
+    if len(pos) < max(1, len(x) // 2):
+        return Dist(median=0.0)
+    logs = np.log(pos)
+    return Dist(median=float(np.exp(logs.mean())), sigma=float(logs.std()), **kw)
+
+
+def fit_workload(trace: RunTrace) -> WorkloadConfig:
+    """Distributions fitted to the trace's episodes: what a fresh draw of the same workload
+    looks like (the simulator then prices calls with :func:`fit_cells`)."""
+    eps = [e for g in trace.groups for e in g]
+    turns = [len(e.output) for e in eps]
+    return WorkloadConfig(
+        source="fitted",
+        group_size=trace.group_size,
+        max_concurrent_episodes=trace.parallel,
+        turns=_fit(turns, min=1.0),
+        first_prompt_tokens=_fit([e.prompt_new[0] for e in eps if e.prompt_new]),
+        turn_prompt_tokens=_fit([x for e in eps for x in e.prompt_new[1:]] or [0.0]),
+        output_tokens=_fit([x for e in eps for x in e.output], min=1.0),
+        tool_s=_fit([x for e in eps for x in e.tool_s]),
+        setup_s=_fit([e.setup_s for e in eps]),
+        scoring_s=_fit([e.scoring_s for e in eps]),
+        zero_variance_fraction=float(np.mean([not g[0].trained for g in trace.groups])),
+        max_context_tokens=10**9,
+    )

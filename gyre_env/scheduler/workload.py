@@ -1,0 +1,116 @@
+"""Agent workload for the simulator: GRPO groups of episodes, each a list of turns.
+
+An episode is ``setup -> (model call -> tool) x turns -> scoring``. Both sources give the
+same :class:`Episode`: :class:`FittedWorkload` draws them from the distributions of a
+:class:`~gyre_env.scheduler.config.WorkloadConfig` (lognormal bodies, Pareto tails), and
+:class:`TraceWorkload` replays the episodes of a real run folder
+(:func:`gyre_env.scheduler.trace.load_run`). Both are deterministic: group ``g`` is the
+same for the same seed whenever it is asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from gyre_env.scheduler.config import Dist, WorkloadConfig
+
+
+@dataclass(slots=True)
+class Episode:
+    """One agent episode. Per-turn lists have one entry per model call."""
+
+    setup_s: float
+    scoring_s: float
+    prompt_new: list[int]
+    """New prompt tokens of each call (the first holds the system prompt and the task)."""
+    output: list[int]
+    """Output tokens of each call."""
+    tool_s: list[float]
+    """Agent-side time after each call before the next one (tools and agent overhead)."""
+    call_s: list[float] | None = None
+    """Measured duration of each call, replayed instead of the cell model (traces)."""
+    trained: bool = True
+    """False for a group with no learning signal (all rewards equal): not trained on."""
+
+    @property
+    def tokens(self) -> int:
+        """The episode's final context: what a training step computes for it."""
+        return int(sum(self.prompt_new) + sum(self.output))
+
+
+def draw(dist: Dist, rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` draws of ``dist``."""
+    if dist.sigma > 0:
+        out = dist.median * np.exp(dist.sigma * rng.standard_normal(n))
+    else:
+        out = np.full(n, float(dist.median))
+    if dist.tail_fraction > 0:
+        tail = rng.random(n) < dist.tail_fraction
+        # Pareto(alpha) with scale tail_min: tail_min * U^(-1/alpha)
+        u = 1.0 - rng.random(int(tail.sum()))
+        out[tail] = dist.tail_min * u ** (-1.0 / dist.tail_alpha)
+    return np.clip(out, dist.min, dist.max)
+
+
+def dist_mean(dist: Dist, rng: np.random.Generator | None = None, n: int = 20000) -> float:
+    """Monte-Carlo mean of ``dist`` (clipping makes a closed form awkward)."""
+    return float(draw(dist, rng or np.random.default_rng(0), n).mean())
+
+
+class FittedWorkload:
+    """Groups drawn from a :class:`WorkloadConfig`'s distributions."""
+
+    def __init__(self, cfg: WorkloadConfig, seed: int = 0):
+        self.cfg, self.seed = cfg, seed
+        self.group_size = cfg.group_size
+
+    def group(self, g: int) -> list[Episode]:
+        cfg = self.cfg
+        rng = np.random.default_rng([self.seed, g])
+        trained = bool(rng.random() >= cfg.zero_variance_fraction)
+        return [self._episode(rng, trained) for _ in range(cfg.group_size)]
+
+    def _episode(self, rng: np.random.Generator, trained: bool) -> Episode:
+        cfg = self.cfg
+        n = max(1, int(round(float(draw(cfg.turns, rng, 1)[0]))))
+        prompt = draw(cfg.turn_prompt_tokens, rng, n).round().astype(np.int64)
+        prompt[0] = int(round(float(draw(cfg.first_prompt_tokens, rng, 1)[0])))
+        output = np.maximum(draw(cfg.output_tokens, rng, n).round().astype(np.int64), 1)
+        context = np.cumsum(prompt + output)
+        n = max(1, int(np.searchsorted(context, cfg.max_context_tokens, side="right")))
+        return Episode(
+            setup_s=float(draw(cfg.setup_s, rng, 1)[0]),
+            scoring_s=float(draw(cfg.scoring_s, rng, 1)[0]),
+            prompt_new=prompt[:n].tolist(),
+            output=output[:n].tolist(),
+            tool_s=draw(cfg.tool_s, rng, n).tolist(),
+            trained=trained,
+        )
+
+
+class TraceWorkload:
+    """The groups of a real run, replayed in their order (and again from the start when a
+    simulation needs more than the run had). ``replay_calls=False`` drops the measured call
+    times so that the cell model prices every call from its tokens."""
+
+    def __init__(self, groups: list[list[Episode]], *, replay_calls: bool = True):
+        if not groups:
+            raise ValueError("a trace workload needs at least one group")
+        self.groups = (
+            groups if replay_calls else [[replace(e, call_s=None) for e in grp] for grp in groups]
+        )
+        self.group_size = max(len(g) for g in groups)
+
+    def group(self, g: int) -> list[Episode]:
+        return self.groups[g % len(self.groups)]
+
+
+def make_workload(cfg: WorkloadConfig, seed: int = 0):
+    """The workload a config names."""
+    if cfg.source == "fitted":
+        return FittedWorkload(cfg, seed)
+    from gyre_env.scheduler.trace import load_run
+
+    return TraceWorkload(load_run(cfg.trace).groups)
