@@ -13,6 +13,7 @@ _COMMAND_MODULES = [
     "gyre_env.trajectory.cli",
     "gyre_env.bench_cli",
     "gyre_env.train.cli",
+    "gyre_env.scheduler.cli",
 ]
 
 
