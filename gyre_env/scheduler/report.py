@@ -1,0 +1,195 @@
+"""``gyre simulate``'s outputs: ``simulation.json`` and ``report.html``.
+
+The JSON holds, per policy: trained samples and tokens per hour, busy fraction by role,
+idle fraction and every state's share of cell time, the staleness histogram, time to N
+steps, switches and migrations; the split policies' ``k`` sweeps and the ``[sweep]`` runs.
+The HTML page shows the same with a Gantt chart of cell roles per policy and the sweep
+plots (matplotlib, the ``plots`` extra).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import io
+import json
+from pathlib import Path
+
+from gyre_env.scheduler.compare import Comparison
+from gyre_env.scheduler.config import SimConfig
+from gyre_env.scheduler.sim import SimResult
+
+STEP_MARKS = (1, 10, 100, 1000)
+_COLOURS = {
+    "rollout": "#2b8cbe",
+    "training": "#e6550d",
+    "training idle": "#fdd0a2",
+    "switching": "#756bb1",
+}
+
+
+def summary(r: SimResult) -> dict:
+    """One policy run as plain numbers."""
+    return {
+        "policy": r.policy,
+        "params": r.params,
+        "trained_samples_per_hour": r.samples_per_hour,
+        "trained_tokens_per_hour": r.tokens_per_hour,
+        "busy_fraction": r.busy_fraction(),
+        "idle_fraction": r.idle_fraction(),
+        "state_fractions": r.fractions(),
+        "slot_utilisation": r.slot_utilisation,
+        "steps": r.steps,
+        "time_to_steps": {str(n): r.time_to_steps(n) for n in STEP_MARKS},
+        "staleness": {str(k): v for k, v in r.staleness.items()},
+        "dropped_stale_samples": r.dropped_stale,
+        "filtered_groups": r.filtered_groups,
+        "switches": r.switches,
+        "migrations": r.migrations,
+        "rdma_transfer_failed": r.rdma_transfer_failed,
+        "simulated_s": r.duration_s,
+        "events": r.events,
+        "wall_s": r.wall_s,
+    }
+
+
+def to_json(cfg: SimConfig, comp: Comparison) -> dict:
+    def brief(r: SimResult) -> dict:
+        return {
+            "trained_tokens_per_hour": r.tokens_per_hour,
+            "trained_samples_per_hour": r.samples_per_hour,
+            "busy_fraction": r.busy_fraction(),
+            "idle_fraction": r.idle_fraction(),
+        }
+
+    return {
+        "name": cfg.name,
+        "config": dataclasses.asdict(cfg),
+        "policies": {n: summary(r) for n, r in comp.results.items()},
+        "best_peer": comp.best_peer(),
+        "waterlevel_over_best_peer": comp.waterlevel_ratio(),
+        "k_sweeps": {
+            n: [{"rollout_cells": k, **brief(r)} for k, r in runs]
+            for n, runs in comp.k_sweeps.items()
+        },
+        "sweeps": {
+            what: [
+                {"value": v, "policies": {n: brief(r) for n, r in row.items()}} for v, row in rows
+            ]
+            for what, rows in comp.sweeps.items()
+        },
+    }
+
+
+def headline(cfg: SimConfig, comp: Comparison) -> str:
+    """The table ``gyre simulate`` prints."""
+    lines = [
+        f"{cfg.name}: {cfg.cells.count} cells, {cfg.duration_s / 3600:.2f} simulated h",
+        f"{'policy':<14}{'samples/h':>11}{'tokens/h':>12}{'busy roll':>10}{'busy train':>11}"
+        f"{'idle':>7}{'steps':>7}{'switches':>9}  params",
+    ]
+    for name, r in comp.results.items():
+        b = r.busy_fraction()
+        lines.append(
+            f"{name:<14}{r.samples_per_hour:>11.1f}{r.tokens_per_hour:>12.3g}"
+            f"{b['rollout']:>10.3f}{b['training']:>11.3f}{r.idle_fraction():>7.3f}"
+            f"{r.steps:>7}{r.switches:>9}  {r.params or ''}"
+        )
+    ratio = comp.waterlevel_ratio()
+    if ratio is not None:
+        lines.append(f"waterlevel / best peer ({comp.best_peer()}): {ratio:.2f}x trained tokens")
+    return "\n".join(lines)
+
+
+def write_report(cfg: SimConfig, comp: Comparison, out: Path) -> tuple[Path, Path]:
+    """``out/simulation.json`` and ``out/report.html``; returns both paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = to_json(cfg, comp)
+    json_path = out / "simulation.json"
+    json_path.write_text(json.dumps(data, indent=1, default=float), encoding="utf-8")
+    html_path = out / "report.html"
+    html_path.write_text(_html(cfg, comp), encoding="utf-8")
+    return json_path, html_path
+
+
+def _plt():
+    from gyre_env._optional import require
+
+    matplotlib = require("matplotlib", "gyre simulate's HTML report")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    _plt().close(fig)
+    return '<img src="data:image/png;base64,' + base64.b64encode(buf.getvalue()).decode() + '">'
+
+
+def gantt_figure(r: SimResult, max_cells: int = 64):
+    """Cell roles over time: one row per cell (the first ``max_cells``)."""
+    plt = _plt()
+    n = min(r.cells, max_cells)
+    fig, ax = plt.subplots(figsize=(10, 0.8 + 0.12 * n))
+    for label, colour in _COLOURS.items():
+        bars = [(t0, t1 - t0, c) for c, t0, t1, lab in r.gantt if lab == label and c < n]
+        for c in range(n):
+            row = [(a, w) for a, w, cc in bars if cc == c]
+            if row:
+                ax.broken_barh(row, (c - 0.4, 0.8), color=colour, label=label if c == 0 else None)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLOURS.values()]
+    ax.legend(handles, list(_COLOURS), loc="upper right", fontsize=7, ncol=4)
+    ax.set(xlabel="simulated seconds", ylabel="cell", title=f"{r.policy}: cell roles")
+    ax.set_xlim(0, r.duration_s)
+    return fig
+
+
+def _line_figure(title: str, xlabel: str, series: dict[str, tuple[list, list]]):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", label=name)
+    ax.set(title=title, xlabel=xlabel, ylabel="trained tokens / h")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _html(cfg: SimConfig, comp: Comparison) -> str:
+    parts = [
+        f"<html><head><meta charset='utf-8'><title>{html.escape(cfg.name)}</title></head><body>",
+        f"<h1>gyre simulate: {html.escape(cfg.name)}</h1>",
+        "<pre>" + html.escape(headline(cfg, comp)) + "</pre>",
+        "<h2>Where cell time goes</h2><table border=1 cellpadding=3><tr><th>policy</th>",
+    ]
+    states = list(next(iter(comp.results.values())).state_seconds) if comp.results else []
+    parts.append("".join(f"<th>{html.escape(s)}</th>" for s in states) + "</tr>")
+    for name, r in comp.results.items():
+        f = r.fractions()
+        cells = "".join(f"<td>{f.get(s, 0.0):.3f}</td>" for s in states)
+        parts.append(f"<tr><td>{html.escape(name)}</td>{cells}</tr>")
+    parts.append("</table><h2>Staleness (samples per version lag)</h2><ul>")
+    for name, r in comp.results.items():
+        parts.append(f"<li>{html.escape(name)}: {html.escape(str(r.staleness))}</li>")
+    parts.append("</ul><h2>Cell roles</h2>")
+    for r in comp.results.values():
+        if r.gantt:
+            parts.append(_png(gantt_figure(r)))
+    for name, runs in comp.k_sweeps.items():
+        xs = [k for k, _ in runs]
+        fig = _line_figure(
+            f"{name}: rollout cells k", "k", {name: (xs, [r.tokens_per_hour for _, r in runs])}
+        )
+        parts.append(_png(fig))
+    for what, rows in comp.sweeps.items():
+        names = list(rows[0][1]) if rows else []
+        series = {
+            n: ([v for v, _ in rows], [row[n].tokens_per_hour for _, row in rows]) for n in names
+        }
+        parts.append(_png(_line_figure(f"sweep: {what}", what, series)))
+    parts.append("</body></html>")
+    return "\n".join(parts)
