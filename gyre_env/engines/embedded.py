@@ -17,6 +17,9 @@ Semantics the proxy relies on:
   request is sampled by exactly one weight version: the one in its result.
 - ``release_memory()`` implies ``pause()``; ``resume_memory()`` reloads the weights and
   undoes that implied pause (an explicit earlier ``pause()`` stays in force).
+- ``export_inflight()`` pauses and takes every unfinished request out between two decode
+  steps (running ones with their KV); ``import_inflight()`` on another engine in the same
+  process continues them: their callers keep reading the same stream (KV migration).
 - A prompt that leaves no room for one new token raises ``ContextLengthError``; generation
   stops with ``finish_reason="length"`` at ``max_new_tokens`` or at the context length.
 - Logprobs follow ``sampling`` (temperature-scaled, before top-p/top-k truncation).
@@ -45,7 +48,8 @@ from gyre_env.engines.base import (
     SamplingParams,
     TokenChunk,
 )
-from gyre_env.engines.kv_batch import KVBatch, cache_is_mergeable, new_cache
+from gyre_env.engines.kv_batch import KVBatch, cache_is_mergeable, filled_cache, new_cache
+from gyre_env.engines.kv_migration import MigratingRequest
 from gyre_env.engines.sampling import make_generator, sample_rows, validate_params
 
 
@@ -121,6 +125,8 @@ class _Request:
     prefill_s: float = 0.0
     decode_started: float = 0.0
     decode_s: float = 0.0
+    kv: tuple | None = None
+    """Migrated in: (keys, values) of ``prompt_ids + output_ids[:-1]``, joined at admission."""
 
 
 _DONE = object()  # queue sentinel: the request finished (its last chunk carried the reason)
@@ -160,6 +166,7 @@ class EmbeddedEngine:
         self._cond = threading.Condition()
         self._pending: collections.deque[_Request] = collections.deque()
         self._control: collections.deque = collections.deque()  # (fn, future, barrier seq)
+        self._urgent: collections.deque = collections.deque()  # (fn, future): no barrier
         self._next_seq = 0
         self._batch = KVBatch()
         self._mailboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -318,6 +325,26 @@ class EmbeddedEngine:
             raise EngineError(f"{self.name}: memory is released; call resume_memory() first")
         await self._run_control(lambda: self._do_update(source, version))
 
+    async def export_inflight(self) -> list[MigratingRequest]:
+        """Pause, then take every accepted, unfinished request out of this engine between two
+        decode steps: running ones with a copy of their KV, queued ones without."""
+        await self.pause()
+        return await self._run_now(self._do_export)
+
+    async def import_inflight(self, items: list[MigratingRequest]) -> None:
+        """Continue requests exported by another engine of this process (same model): those
+        with KV join the batch as they are, the others are prefilled from their token ids
+        (prompt + output so far). Accepted even while paused: they were accepted before."""
+        with self._cond:
+            if self._closed:
+                raise EngineError(f"{self.name} is closed")
+            for item in items:
+                req = item.request
+                req.kv = None if item.keys is None else (item.keys, item.values)
+                req.seq, self._next_seq = self._next_seq, self._next_seq + 1
+                self._pending.append(req)
+            self._cond.notify_all()
+
     async def health(self) -> dict:
         with self._cond:
             status = "released" if self._released else "paused" if self._paused else "ok"
@@ -395,6 +422,16 @@ class EmbeddedEngine:
             self._cond.notify_all()
         await asyncio.wrap_future(future)
 
+    async def _run_now(self, fn: Callable[[], object]) -> object:
+        """Run ``fn`` on the worker between two decode steps (no barrier) and return its result."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._closed:
+                raise EngineError(f"{self.name} is closed")
+            self._urgent.append((fn, future))
+            self._cond.notify_all()
+        return await asyncio.wrap_future(future)
+
     # ---------------------------------------------------------------- worker thread
 
     def _run(self) -> None:
@@ -412,7 +449,7 @@ class EmbeddedEngine:
                     continue
                 for req in admit:
                     try:
-                        self._prefill(req)
+                        self._admit(req)
                     except Exception as e:  # noqa: BLE001 - fail this request, keep serving
                         self._post(req, self._error(e, "prefill"))
                 try:
@@ -426,7 +463,9 @@ class EmbeddedEngine:
         return EngineError(f"{self.name} failed in {stage}: {type(e).__name__}: {e}")
 
     def _has_work(self) -> bool:
-        return bool(self._closed or self._batch.rows or self._control or self._pending)
+        return bool(
+            self._closed or self._batch.rows or self._control or self._pending or self._urgent
+        )
 
     def _next_work(self) -> tuple[tuple | None, list[_Request]]:
         """Under the lock: a control action to run now, or the requests to prefill now.
@@ -434,6 +473,8 @@ class EmbeddedEngine:
         A waiting control action is a barrier: requests accepted before it are served
         first, later ones wait until it has run (the queue is in acceptance order).
         """
+        if self._urgent:
+            return self._urgent.popleft(), []
         barrier = None
         if self._control:
             barrier = self._control[0][2]
@@ -452,19 +493,50 @@ class EmbeddedEngine:
 
     def _run_control_item(self, fn, future) -> None:
         try:
-            fn()
+            result = fn()
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting caller
             future.set_exception(e)
         else:
-            future.set_result(None)
+            future.set_result(result)
+
+    def _admit(self, req: _Request) -> None:
+        """Start a request: prefill it, or let its migrated KV join the batch."""
+        if req.kv is None:
+            self._prefill(req)
+            return
+        keys, values = req.kv
+        req.kv = None
+        device = self.device
+        keys = [k.to(device) for k in keys]
+        values = [v.to(device) for v in values]
+        req.weight_version = self._weight_version
+        cache = filled_cache(self._model.config, keys, values)
+        self._batch.add(req, cache, len(req.prompt_ids) + len(req.output_ids) - 1)
+
+    def _do_export(self) -> list[MigratingRequest]:
+        with self._cond:
+            queued = [r for r in self._pending if not r.cancelled]
+            self._pending.clear()
+        out = [
+            MigratingRequest(r, k, v) for r, k, v in self._batch.export_rows() if not r.cancelled
+        ]
+        for r in queued:
+            keys, values = r.kv if r.kv is not None else (None, None)
+            r.kv = None
+            out.append(MigratingRequest(r, keys, values))
+        return out
 
     def _prefill(self, req: _Request) -> None:
+        """Prefill the prompt (and, for a request migrated without KV, its output so far)
+        and sample the next token."""
         torch = self._torch
         start = time.perf_counter()
-        req.generator = make_generator(req.params, self.device)
+        if req.generator is None:
+            req.generator = make_generator(req.params, self.device)
         req.weight_version = self._weight_version
         cache = new_cache(self._model.config)
-        ids = torch.tensor([req.prompt_ids], device=self.device)  # [1, prompt]
+        context = req.prompt_ids + req.output_ids
+        ids = torch.tensor([context], device=self.device)  # [1, context]
         chunk = max(1, self.config.prefill_chunk_tokens)
         kwargs = {self._cache_arg: cache, "use_cache": True}
         if self._keep_arg:
@@ -472,10 +544,11 @@ class EmbeddedEngine:
         for lo in range(0, ids.shape[1], chunk):
             out = self._model(input_ids=ids[:, lo : lo + chunk], **kwargs)
         tokens, logprobs = sample_rows(out.logits[:, -1, :], [req.params], [req.generator])
-        req.prefill_s = time.perf_counter() - start
-        req.decode_started = time.perf_counter()
+        req.prefill_s += time.perf_counter() - start
+        if not req.output_ids:
+            req.decode_started = time.perf_counter()
         if self._emit(req, tokens[0], logprobs[0]):
-            self._batch.add(req, cache, len(req.prompt_ids))
+            self._batch.add(req, cache, len(context))
 
     def _decode_step(self) -> None:
         batch = self._batch
@@ -527,9 +600,10 @@ class EmbeddedEngine:
             controls = []
             if self._closed:
                 victims += list(self._pending)
-                controls = list(self._control)
+                controls = list(self._control) + [(fn, fut, None) for fn, fut in self._urgent]
                 self._pending.clear()
                 self._control.clear()
+                self._urgent.clear()
         self._batch = KVBatch()
         for req in victims:
             self._post(req, error)

@@ -33,6 +33,14 @@ def new_cache(model_config):
     return DynamicCache(config=model_config)
 
 
+def filled_cache(model_config, keys: list, values: list):
+    """A batch-1 cache holding migrated KV: per layer ``[1, kv_heads, tokens, head_dim]``."""
+    cache = new_cache(model_config)
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        cache.update(k, v, i)
+    return cache
+
+
 @dataclass
 class KVBatch:
     """Rows being decoded together; row ``i`` of every tensor belongs to ``rows[i]``."""
@@ -85,6 +93,18 @@ class KVBatch:
         self.mask = mask[:, first:]
         self.rows = [self.rows[i] for i in keep]
         self.positions = [self.positions[i] for i in keep]
+
+    def export_rows(self) -> list[tuple[object, list, list]]:
+        """Every row with a copy of its own KV (per layer ``[1, kv_heads, tokens, head_dim]``,
+        padding cut off), leaving the batch empty: what a KV migration moves elsewhere."""
+        out = []
+        for i, row in enumerate(self.rows):
+            n = self.positions[i]  # real tokens of row i: its last n columns (left padding)
+            keys = [layer.keys[i : i + 1, :, -n:, :].clone() for layer in self.cache.layers]
+            values = [layer.values[i : i + 1, :, -n:, :].clone() for layer in self.cache.layers]
+            out.append((row, keys, values))
+        self.rows, self.cache, self.mask, self.positions = [], None, None, []
+        return out
 
     def step_inputs(self, last_tokens: list[int]) -> dict:
         """Model kwargs for one decode step feeding ``last_tokens`` (one per row); the caller
