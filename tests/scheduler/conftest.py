@@ -1,0 +1,71 @@
+"""Shared fixtures: the tiny model built once per session, its tokenizer, chat prompts, and
+small packed RL batches for the trainer."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory):
+    from gyre_env.engines.tiny import tiny_model_path
+
+    return tiny_model_path(root=tmp_path_factory.mktemp("gyre-cache"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_path):
+    from gyre_env.engines.tiny import load_tokenizer
+
+    return load_tokenizer(tiny_path)
+
+
+@pytest.fixture(scope="session")
+def prompts(tokenizer):
+    """Eight chat prompts of different lengths."""
+    out = []
+    for i in range(8):
+        messages = [{"role": "user", "content": f"Task {i}: " + "fix the failing test. " * (i + 1)}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        out.append(ids["input_ids"])
+    return out
+
+
+@pytest.fixture(scope="session")
+def make_units():
+    return rl_units
+
+
+def rl_units(seed: int = 0, episodes: int = 4, version: int = 0):
+    """Packed units of one GRPO group of random token ids (rewards differ, so advantages
+    are non-zero): a real batch for ``train_step`` or gradient computation."""
+    import numpy as np
+
+    from gyre_env.proxy.records import CallRecord
+    from gyre_env.trajectory.packing import pack
+    from gyre_env.trajectory.sampling import SampleConfig, bounded_samples
+    from gyre_env.trajectory.tree import EpisodeInfo, build_trees
+
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(1, 400, 30).tolist()
+    records, infos = [], []
+    for k in range(episodes):
+        out = rng.integers(1, 400, 8).tolist()
+        records.append(
+            CallRecord(
+                session=f"s{seed}-{k}",
+                call_index=0,
+                branch="main",
+                parent=None,
+                role="main",
+                prompt_ids=prompt,
+                output_ids=out,
+                output_logprobs=[-1.0] * len(out),
+                weight_version=version,
+            )  # fmt: skip
+        )
+        infos.append(
+            EpisodeInfo(session=f"s{seed}-{k}", group="g", outcome="success", reward=k / episodes)
+        )
+    units, _ = bounded_samples(build_trees(records, infos), SampleConfig(token_budget=4096))
+    return [pack(u) for u in units]
