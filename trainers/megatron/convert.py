@@ -143,7 +143,8 @@ def unshard(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
 @torch.no_grad()
 def load_hf_into(model, hf: dict, hf_config, *, te: bool = False) -> None:
     """Copy an HF state dict into this TP rank's megatron ``model`` parameters; every
-    parameter must be covered (a missed one would silently keep its init)."""
+    parameter must be covered (a missed one would silently keep its init). Also marks
+    the split parameters tensor-parallel, as megatron's own initialisation would."""
     from megatron.core import parallel_state as ps
 
     rank, size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
@@ -153,7 +154,14 @@ def load_hf_into(model, hf: dict, hf_config, *, te: bool = False) -> None:
     unused = sorted(set(full) - set(params))
     if missing or unused:
         raise KeyError(f"HF->Megatron mapping mismatch: missing {missing}, unused {unused}")
+    from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
     for name, param in params.items():
+        dim = _split_dim(name)
+        if dim is not None and not getattr(param, "tensor_model_parallel", False):
+            # megatron sets these only when it initialises the weight itself
+            # (perform_initialization); its grad-norm and optimizer read them
+            set_tensor_model_parallel_attributes(param, is_parallel=True, dim=dim, stride=1)
         local = shard(name, full[name], rank, size)
         if local.shape != param.shape:
             raise ValueError(

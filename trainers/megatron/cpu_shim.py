@@ -28,7 +28,8 @@ import contextlib
 
 import torch
 
-_APPLIED: list[bool] = []
+_APPLIED: list = []
+"""The originals while the shim is applied: ``(current_device, tracker, initialized)``."""
 
 
 class CpuRNGStatesTracker:
@@ -83,6 +84,13 @@ def apply_cpu_shim(seed: int = 1234) -> bool:
         return True
     from megatron.core.tensor_parallel import random as mrandom
 
+    _APPLIED.append(
+        (
+            torch.cuda.current_device,
+            mrandom._CUDA_RNG_STATE_TRACKER,
+            mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED,
+        )
+    )
     torch.cuda.current_device = _cpu_device
     tracker = CpuRNGStatesTracker()
     tracker.add("model-parallel-rng", seed)
@@ -90,5 +98,16 @@ def apply_cpu_shim(seed: int = 1234) -> bool:
     tracker.add("expert-parallel-rng", seed + 2)
     mrandom._CUDA_RNG_STATE_TRACKER = tracker
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
-    _APPLIED.append(True)
     return True
+
+
+def remove_cpu_shim() -> None:
+    """Put back what ``apply_cpu_shim`` replaced (tests that share a process)."""
+    if not _APPLIED:
+        return
+    from megatron.core.tensor_parallel import random as mrandom
+
+    current_device, tracker, initialized = _APPLIED.pop()
+    torch.cuda.current_device = current_device
+    mrandom._CUDA_RNG_STATE_TRACKER = tracker
+    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = initialized

@@ -15,6 +15,9 @@ import socket
 
 import torch
 
+_STARTED_GROUP: list[bool] = []
+"""Set when ``init_parallel`` started the process group itself (``shutdown_parallel``)."""
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -136,6 +139,7 @@ def init_parallel(tensor_parallel: int = 1, *, backend: str = "gloo") -> None:
         dist.init_process_group(
             backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
         )
+        _STARTED_GROUP.append(True)
     if parallel_state.model_parallel_is_initialized():
         have = parallel_state.get_tensor_model_parallel_world_size()
         if have != tensor_parallel:
@@ -145,3 +149,15 @@ def init_parallel(tensor_parallel: int = 1, *, backend: str = "gloo") -> None:
         raise ValueError(f"world size {dist.get_world_size()} does not divide by TP")
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
+
+
+def shutdown_parallel() -> None:
+    """Undo ``init_parallel``: megatron's parallel state, and the process group if
+    ``init_parallel`` started it (so a process can go on without megatron)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if _STARTED_GROUP and dist.is_initialized():
+        dist.destroy_process_group()
+    _STARTED_GROUP.clear()

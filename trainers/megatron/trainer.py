@@ -295,7 +295,7 @@ class MegatronTrainer:
 
     def state_dict(self) -> dict:
         return {
-            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "model": {k: _clone(v) for k, v in self.model.state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "lr": {"base": self._base_lr, "step": self._lr_step},
             "version": self._version,
@@ -360,6 +360,11 @@ class MegatronTrainer:
             model.load_state_dict(state)
             model.save_pretrained(folder)
         return folder
+
+
+def _clone(value):
+    """A detached copy of a state-dict entry (megatron's include non-tensor extra state)."""
+    return value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
 
 
 def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
