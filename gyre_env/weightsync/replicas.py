@@ -39,6 +39,8 @@ class RoutingGuard:
         self.router = router
         self.excluded: dict[str, str] = {}
         """Engine name -> the error that took it out, while it is out."""
+        self.stragglers: dict[str, asyncio.Future] = {}
+        """Engine name -> a timed-out update that may still be running."""
 
     def _replica(self, name: str) -> str | None:
         if self.router is None:
@@ -75,12 +77,28 @@ async def guarded_update(
 ) -> None:
     """Run one engine's ``update`` under a deadline; record the outcome with ``guard``.
 
-    A timed-out in-process swap may still complete later (the engine queued it); the
-    engine then serves a whole version, and stays excluded until the next full sync."""
+    A timed-out update is not cancelled (cancelling a swap the engine already queued would
+    break it); it may still complete, and the engine then serves that whole version. It
+    stays excluded, and its next update waits for the straggler first, so versions never
+    land out of order."""
     name = engine_name(engine)
+    straggler = guard.stragglers.get(name)
+    if straggler is not None and not straggler.done():
+        try:
+            await asyncio.wait_for(asyncio.shield(straggler), timeout_s)
+        except asyncio.TimeoutError:
+            error = SyncTimeoutError(
+                f"an earlier update is still running after another {timeout_s:g}s", peer=name
+            )
+            guard.failed(name, error)
+            raise error from None
+    guard.stragglers.pop(name, None)
+    task = asyncio.ensure_future(update())
     try:
-        await asyncio.wait_for(update(), timeout_s)
+        await asyncio.wait_for(asyncio.shield(task), timeout_s)
     except asyncio.TimeoutError:
+        guard.stragglers[name] = task
+        task.add_done_callback(_consume)
         error: WeightSyncError = SyncTimeoutError(
             f"update to version {version} did not finish within {timeout_s:g}s", peer=name
         )
@@ -94,6 +112,12 @@ async def guarded_update(
         guard.failed(name, error)
         raise error from e
     guard.succeeded(name, version)
+
+
+def _consume(task: asyncio.Future) -> None:
+    """Retrieve a straggler's outcome so asyncio does not log it as never retrieved."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("a timed-out weight update failed later: %s", task.exception())
 
 
 async def push_all(

@@ -11,8 +11,16 @@ strings defaulting to ``"default"``), ``/pause_generation`` with ``mode``,
 failure), ``/init_weights_update_group``, ``/get_weight_version``, ``/get_model_info``,
 ``/v1/models`` and ``/health``. "Generation" is a deterministic function of the prompt.
 
+Weight updates really move the bytes: ``/update_weights_from_tensor`` decodes the payload,
+``/update_weights_from_disk`` reads the folder's safetensors, and
+``/init_weights_update_group`` joins the caller's torch.distributed group (TCPStore +
+PrefixStore(group_name) + gloo, as SGLang's ``init_custom_process_group``) as rank
+``rank_offset``, so ``/update_weights_from_distributed`` receives each named tensor by
+broadcast. What arrived is kept in ``state.received`` for tests to compare.
+
 Test hooks (not SGLang's): ``POST /fake/fail_next`` makes the next ``/generate`` answer 500;
-``GET /fake/state`` returns what the fake received. Run as a program it serves the app
+``POST /fake/ignore_updates`` makes updates answer success without loading (a failure mode
+seen in the field); ``GET /fake/state`` returns what the fake received. Run as a program it serves the app
 (``--model-path --host --port``), like ``python -m sglang.launch_server``.
 """
 
@@ -42,9 +50,19 @@ class FakeState:
     paused: bool = False
     released: bool = False
     fail_next: bool = False
+    ignore_updates: bool = False
+    group: object = None
+    """The torch.distributed group joined by ``/init_weights_update_group``."""
     resume: asyncio.Event | None = None
     received: dict = field(
-        default_factory=lambda: {"pause_modes": [], "tensors": [], "distributed": [], "groups": []}
+        default_factory=lambda: {
+            "pause_modes": [],
+            "tensors": [],
+            "distributed": [],
+            "groups": [],
+            "disk": [],
+            "distributed_tensors": [],
+        }
     )
 
 
@@ -182,6 +200,14 @@ def make_app(state: FakeState | None = None) -> FastAPI:
                 f"Failed to get weights iterator: {body.get('model_path')} (repository not found)."
             )
             return JSONResponse({"success": False, "message": msg, "num_paused_requests": 0}, 400)
+        files = sorted(Path(body["model_path"]).glob("*.safetensors"))
+        if files:
+            from safetensors.torch import load_file
+
+            loaded = {}
+            for f in files:
+                loaded.update(load_file(str(f)))
+            state.received["disk"].append({"path": body["model_path"], "named": loaded})
         return _updated(body, {"num_paused_requests": 0})
 
     @app.post("/update_weights_from_tensor")
@@ -200,19 +226,38 @@ def make_app(state: FakeState | None = None) -> FastAPI:
         if not state.received["groups"]:
             return JSONResponse({"success": False, "message": "no weight update group"}, 400)
         state.received["distributed"].append(body)
+        if state.group is not None:
+            try:
+                named = await asyncio.to_thread(_receive_broadcast, state.group, body)
+            except RuntimeError as e:
+                return JSONResponse({"success": False, "message": str(e)}, 400)
+            state.received["distributed_tensors"].append(named)
         return _updated(body)
 
     @app.post("/init_weights_update_group")
     async def init_group(request: Request):
-        state.received["groups"].append(await request.json())
+        body = await request.json()
+        state.received["groups"].append(body)
+        if body.get("backend") == "gloo":
+            try:
+                state.group = await asyncio.to_thread(_join_group, body)
+            except RuntimeError as e:
+                return JSONResponse({"success": False, "message": str(e)}, 400)
         return {"success": True, "message": "Succeeded to initialize custom process group."}
 
     def _updated(body, extra=None):
+        if state.ignore_updates:
+            return {"success": True, "message": "Succeeded to update model weights."}
         message = "Succeeded to update model weights."
         if body.get("weight_version") is not None:
             state.weight_version = body["weight_version"]
             message += f" Weight version updated to {state.weight_version}."
         return {"success": True, "message": message, **(extra or {})}
+
+    @app.post("/fake/ignore_updates")
+    async def ignore_updates():
+        state.ignore_updates = True
+        return {}
 
     @app.post("/fake/fail_next")
     async def fail_next():
@@ -228,6 +273,35 @@ def make_app(state: FakeState | None = None) -> FastAPI:
         }
 
     return app
+
+
+def _join_group(body: dict):
+    """Join the trainer's group as SGLang does (rank ``rank_offset``; one rank: no TP)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=30)
+    store = dist.TCPStore(
+        body["master_address"], int(body["master_port"]), None, False, timeout=timeout
+    )
+    prefixed = dist.PrefixStore(body["group_name"], store)
+    return dist.ProcessGroupGloo(
+        prefixed, int(body["rank_offset"]), int(body["world_size"]), timeout
+    )
+
+
+def _receive_broadcast(group, body: dict) -> dict:
+    """Receive each named tensor broadcast from rank 0, in the request's order."""
+    import torch
+    import torch.distributed as dist
+
+    named = {}
+    for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"], strict=True):
+        tensor = torch.empty(shape, dtype=getattr(torch, dtype))
+        group.broadcast([tensor], dist.BroadcastOptions()).wait()
+        named[name] = tensor
+    return named
 
 
 def test_serializer(named_tensors: list) -> str:
