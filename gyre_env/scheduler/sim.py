@@ -120,7 +120,10 @@ class Simulation:
         self.cap = [c.max_concurrent] * n
         self.last_switch = [-math.inf] * n
         self.version = [0] * n
-        self.cell_calls: list[set[int]] = [set() for _ in range(n)]
+        self._call_model = (
+            c.prefill_tokens_per_s, c.decode_tokens_per_s, c.batch_slowdown,
+            c.context_halfspeed_tokens,
+        )  # fmt: skip
         self.state = [""] * n
         self.since = [0.0] * n
         self.seconds = dict.fromkeys(STATES, 0.0)
@@ -224,22 +227,18 @@ class Simulation:
         elif episode.call_s is not None:
             dur = episode.call_s[turn]
         else:
-            c = self.cfg.cells
-            ctx = live[2] + episode.prompt_new[turn]
-            slow = (1.0 + c.batch_slowdown * (self.in_flight[cell] - 1)) * (
-                1.0 + ctx / c.context_halfspeed_tokens
-            )
-            dur = (
-                episode.prompt_new[turn] / c.prefill_tokens_per_s
-                + episode.output[turn] * slow / c.decode_tokens_per_s
-            )
+            prefill, decode, slowdown, half = self._call_model
+            new = episode.prompt_new[turn]
+            slow = (1.0 + slowdown * (self.in_flight[cell] - 1)) * (1.0 + (live[2] + new) / half)
+            dur = new / prefill + episode.output[turn] * slow / decode
         self.call_s_mean += 0.01 * (dur - self.call_s_mean)
         cid = self._next_call
-        self._next_call += 1
+        self._next_call = cid + 1
         self.calls[cid] = [ep, cell, self.t + dur]
-        self.cell_calls[cell].add(cid)
-        live[3] = min(live[3], self.version[cell])
-        self._at(self.t + dur, _DONE, cid)
+        if self.version[cell] < live[3]:
+            live[3] = self.version[cell]
+        self._seq += 1
+        heapq.heappush(self._heap, (self.t + dur, self._seq, _DONE, cid))
 
     def _slots(self, cell: int, delta: int) -> None:
         """Change a cell's load, keeping the slot-time integral and its accounting state."""
@@ -259,7 +258,6 @@ class Simulation:
         if call is None:  # migrated away: its new call finishes it
             return
         ep, cell, _ = call
-        self.cell_calls[cell].discard(cid)
         self.waterlevel -= 1
         self._slots(cell, -1)
         live = self.live[ep]
@@ -416,7 +414,7 @@ class Simulation:
         plus its KV transfer, or a re-prefill of its context past the migration window."""
         c = self.cfg.cells
         moved = []
-        for cid in sorted(self.cell_calls[cell]):
+        for cid in [cid for cid, call in self.calls.items() if call[1] == cell]:
             ep, _, finish = self.calls.pop(cid)
             live = self.live[ep]
             ctx = live[2] + live[0].prompt_new[live[1]]
@@ -428,7 +426,6 @@ class Simulation:
             moved.append((ep, max(finish - self.t, 0.0) + delay))
             self.waterlevel -= 1  # re-dispatched below
             self._slots(cell, -1)
-        self.cell_calls[cell].clear()
         for ep, rest in reversed(moved):
             self.waterlevel += 1
             target = self._free_cell()

@@ -10,6 +10,7 @@ held-out evaluations between iterations are not part of it).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sqlite3
@@ -293,3 +294,47 @@ def fit_workload(trace: RunTrace) -> WorkloadConfig:
         zero_variance_fraction=float(np.mean([not g[0].trained for g in trace.groups])),
         max_context_tokens=10**9,
     )
+
+
+@dataclass
+class Validation:
+    """Predicted against measured wall time of a run's RL iterations, for one way of
+    building the workload: ``replay`` (measured call times), ``cell-model`` (calls priced
+    by :func:`fit_cells`), ``fitted seed N`` (fresh episodes from :func:`fit_workload`)."""
+
+    folder: str
+    mode: str
+    policy: str
+    iterations: int
+    predicted_s: float
+    measured_s: float
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_s - self.measured_s) / self.measured_s
+
+
+def validate_run(folder: str | Path, fitted_seeds: int = 3) -> list[Validation]:
+    """The synchronous loop (the policy the run really ran: colocated) simulated three ways
+    from the run's own inputs, each against the measured wall time."""
+    from gyre_env.scheduler.peers import ColocatedSyncPolicy
+    from gyre_env.scheduler.sim import simulate
+    from gyre_env.scheduler.workload import FittedWorkload, TraceWorkload
+
+    trace = load_run(folder)
+    cfg = trace_config(trace)
+    measured = sum(trace.measured_s)
+    runs = [
+        ("replay", cfg, TraceWorkload(trace.groups)),
+        ("cell-model", cfg, TraceWorkload(trace.groups, replay_calls=False)),
+    ]
+    for seed in range(fitted_seeds):
+        fitted = dataclasses.replace(cfg, workload=fit_workload(trace), seed=seed)
+        runs.append((f"fitted seed {seed}", fitted, FittedWorkload(fitted.workload, seed)))
+    out = []
+    for mode, c, workload in runs:
+        r = simulate(c, ColocatedSyncPolicy(), workload)
+        out.append(
+            Validation(str(folder), mode, r.policy, trace.iterations, r.duration_s, measured)
+        )
+    return out

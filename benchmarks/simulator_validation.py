@@ -1,0 +1,44 @@
+"""Predicted vs measured wall time of real ``gyre train`` runs (issue 12's validation).
+
+    python benchmarks/simulator_validation.py RUN_DIR [RUN_DIR ...]
+
+Each run folder's synchronous RL iterations are simulated from the run's own inputs (per
+call and per tool timings, optimizer step times, the run's shape) with the colocated
+synchronous policy, the one ``gyre train`` really runs, three ways: replaying the
+measured call times, pricing calls with the cell model fitted to them, and drawing fresh
+episodes from distributions fitted to the trace. Measured: the iterations' wall time from
+metrics.jsonl (held-out evaluations between iterations excluded). Prints every pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gyre_env.scheduler.trace import validate_run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="gyre train run folders")
+    parser.add_argument("--fitted-seeds", type=int, default=3)
+    parser.add_argument("--tolerance", type=float, default=0.15)
+    args = parser.parse_args(argv)
+    print(
+        f"{'run':<24}{'mode':<16}{'policy':<11}{'iters':>6}{'predicted s':>13}"
+        f"{'measured s':>12}{'error':>9}"
+    )
+    worst = 0.0
+    for folder in args.runs:
+        for v in validate_run(folder, args.fitted_seeds):
+            worst = max(worst, abs(v.error))
+            print(
+                f"{folder[-24:]:<24}{v.mode:<16}{v.policy:<11}{v.iterations:>6}"
+                f"{v.predicted_s:>13.1f}{v.measured_s:>12.1f}{100 * v.error:>8.1f}%"
+            )
+    print(f"worst |error| {100 * worst:.1f}% (target <= {100 * args.tolerance:.0f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
