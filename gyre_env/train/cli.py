@@ -17,6 +17,7 @@ def add_commands(sub) -> None:
     p.add_argument("--seed", type=int, help="override seed")
     p.add_argument("--out", help="run folder (default runs/<name>)")
     p.add_argument("--iterations", type=int, help="override schedule.iterations")
+    p.add_argument("--backend", choices=("torch", "megatron"), help="override the training backend")
     p.add_argument(
         "--set",
         action="append",
@@ -36,6 +37,8 @@ def _run(args: argparse.Namespace) -> int:
     for key, value in (("seed", args.seed), ("schedule.iterations", args.iterations)):
         if value is not None:
             overrides.append(f"{key}={value}")
+    if args.backend is not None:
+        overrides.append(f"backend={args.backend!r}")
     if args.out is not None:
         overrides.append(f"out={args.out!r}")
     if args.no_progress:

@@ -10,6 +10,7 @@ shipped in ``gyre_env/train/presets/`` (``gyre train --preset cpu-demo``).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import types
 import typing
 from dataclasses import dataclass, field
@@ -105,7 +106,8 @@ class AlgorithmConfig:
     logged as ``zero_variance_groups``, their count per iteration as ``groups_skipped``."""
     optim: dict = field(default_factory=dict)
     """``TorchTrainerConfig`` fields (``gyre_env.trainers.torch_backend``): lr, betas,
-    weight_decay, grad_clip, warmup_steps, device, dtype."""
+    weight_decay, grad_clip, warmup_steps, device, dtype; with ``backend = "megatron"``
+    ``MegatronTrainerConfig`` ones (the same plus tensor_parallel, optimizer, use_te)."""
 
 
 @dataclass(kw_only=True)
@@ -175,7 +177,8 @@ class TrainConfig:
     seed: int = 0
     """Seeds task sampling, rollout sampling and the trainer's RNG."""
     backend: str = "torch"
-    """Training backend: ``torch``."""
+    """Training backend: ``torch`` or ``megatron`` (megatron-core, ``pip install
+    'gyre-env[megatron]'``)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     tasks: TasksConfig = field(default_factory=TasksConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -205,14 +208,22 @@ class TrainConfig:
         return _build(SampleConfig, data, "algorithm.sample")
 
     def optim_config(self):
+        if self.backend == "megatron":
+            from gyre_env.trainers.megatron.trainer import MegatronTrainerConfig
+
+            return _build(MegatronTrainerConfig, self.algorithm.optim, "algorithm.optim")
         from gyre_env.trainers.torch_backend import TorchTrainerConfig
 
         return _build(TorchTrainerConfig, self.algorithm.optim, "algorithm.optim")
 
     def validate(self) -> None:
         """Checks that need no I/O: ranges and the nested component configs."""
-        if self.backend != "torch":
-            raise ConfigError(f"backend: {self.backend!r} is not available; use 'torch'")
+        if self.backend not in ("torch", "megatron"):
+            raise ConfigError(
+                f"backend: {self.backend!r} is not available; use 'torch' or 'megatron'"
+            )
+        if self.backend == "megatron" and importlib.util.find_spec("megatron") is None:
+            raise ConfigError("backend 'megatron' needs: pip install 'gyre-env[megatron]'")
         positive = {
             "rollout.group_size": self.rollout.group_size,
             "rollout.tasks_per_iteration": self.rollout.tasks_per_iteration,

@@ -156,7 +156,10 @@ class _Run:
         self.tokenizer = load_tokenizer(self.model_dir)
         self.store = TrajectoryStore(self.out / "store.db")
         check_store_tokenizer(self.store, self.tokenizer, self.model_dir)
-        self.trainer = TorchTrainer(self.model_dir, cfg.optim_config(), cfg.loss_config())
+        trainer_class = TorchTrainer
+        if cfg.backend == "megatron":
+            from gyre_env.trainers.megatron import MegatronTrainer as trainer_class
+        self.trainer = trainer_class(self.model_dir, cfg.optim_config(), cfg.loss_config())
         if self.resume:
             self.cursor = load_checkpoint(self.out / "checkpoints", self.trainer, self.rng)
             self.cursor.resumes += 1
