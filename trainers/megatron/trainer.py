@@ -167,7 +167,6 @@ class MegatronTrainer:
         lr = lr if lr is not None else cfg.lr
         if self.megatron_optimizer:
             self.optimizer = _megatron_optimizer(cfg, lr, self.ddp)
-            self._base_lr = lr
         else:
             self.optimizer = torch.optim.AdamW(
                 self.model.parameters(),
@@ -321,28 +320,43 @@ class MegatronTrainer:
         yield from megatron_to_hf(full, self.hf_config, te=self.use_te).items()
 
     def offload(self) -> None:
-        """Gradients dropped; on CUDA weights, grad buffers and optimizer state go to host."""
+        """Gradients dropped; on CUDA weights, grad buffers and optimizer state go to host
+        (megatron's own buffer offload, which keeps the parameter views valid)."""
         self.optimizer.zero_grad()
         self.ddp.zero_grad_buffer()
         if self.cuda:
-            self.ddp.offload_grad_buffers()
-            self._move(torch.device("cpu"))
+            torch.cuda.synchronize()
+            self._move_cuda(offload=True)
             torch.cuda.empty_cache()
         self._offloaded = True
 
     def onload(self) -> None:
         if self._offloaded and self.cuda:
-            self._move(self.device)
-            self.ddp.restore_grad_buffers()
+            self._move_cuda(offload=False)
         self._offloaded = False
 
-    def _move(self, device: torch.device) -> None:
-        for p in self.model.parameters():  # in place: the optimizer keeps these objects
-            p.data = p.data.to(device)
+    def _move_cuda(self, *, offload: bool) -> None:
+        device = torch.device("cpu") if offload else self.device
+        in_buffers = False
+        for buf in self.ddp.buffers:  # grads always; params when they live in the buffer
+            in_buffers |= buf.param_data is not None
+            move = dict(move_params=buf.param_data is not None, move_grads=True)
+            if offload:
+                buf.offload_to_cpu(**move)
+            else:
+                buf.reload_from_cpu(**move)
+        if not in_buffers:
+            for p in self.model.parameters():  # in place: the optimizer keeps these objects
+                p.data = p.data.to(device)
         if self.reference is not None:
             self.reference.to(device)
-        state = getattr(self.optimizer, "state", {})
-        for s in state.values():
+        if self.megatron_optimizer and offload:
+            self.optimizer.offload_to_cpu()
+        elif self.megatron_optimizer:
+            self.optimizer.restore_from_cpu()
+        if self.megatron_optimizer:
+            return
+        for s in self.optimizer.state.values():
             for k, v in s.items():
                 if isinstance(v, torch.Tensor):
                     s[k] = v.to(device)
