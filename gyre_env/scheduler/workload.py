@@ -62,15 +62,24 @@ def dist_mean(dist: Dist, rng: np.random.Generator | None = None, n: int = 20000
 class FittedWorkload:
     """Groups drawn from a :class:`WorkloadConfig`'s distributions."""
 
+    CACHED_GROUPS = 20000
+    """Groups kept once drawn (runs of several policies on one workload share them)."""
+
     def __init__(self, cfg: WorkloadConfig, seed: int = 0):
         self.cfg, self.seed = cfg, seed
         self.group_size = cfg.group_size
+        self._cache: dict[int, list[Episode]] = {}
 
     def group(self, g: int) -> list[Episode]:
+        if g in self._cache:
+            return self._cache[g]
         cfg = self.cfg
         rng = np.random.default_rng([self.seed, g])
         trained = bool(rng.random() >= cfg.zero_variance_fraction)
-        return [self._episode(rng, trained) for _ in range(cfg.group_size)]
+        out = [self._episode(rng, trained) for _ in range(cfg.group_size)]
+        if len(self._cache) < self.CACHED_GROUPS:
+            self._cache[g] = out
+        return out
 
     def _episode(self, rng: np.random.Generator, trained: bool) -> Episode:
         cfg = self.cfg

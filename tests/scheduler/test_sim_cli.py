@@ -1,0 +1,89 @@
+"""Configs, the examples with tiny budgets, the report, and a light import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gyre_env.cli import main
+from gyre_env.scheduler.config import load_sim_config
+from gyre_env.train.config import ConfigError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_unknown_key_is_rejected_by_name(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[workload.tool_s]\nmedian = 1.0\ntail_fractoin = 0.1\n")
+    with pytest.raises(ConfigError, match="workload.tool_s.tail_fractoin"):
+        load_sim_config(bad)
+    bad.write_text("[cells]\ncount = 'many'\n")
+    with pytest.raises(ConfigError, match="cells.count"):
+        load_sim_config(bad)
+
+
+@pytest.mark.parametrize("name", ["simulate_small.toml", "simulate_nl2repo.toml"])
+def test_examples_load(name):
+    cfg = load_sim_config(EXAMPLES / name)
+    assert cfg.cells.count >= 8 and cfg.workload.max_concurrent_episodes >= 96
+
+
+def test_simulate_small_example_writes_json_and_html(tmp_path, capsys):
+    cfg = tmp_path / "small.toml"
+    text = (EXAMPLES / "simulate_small.toml").read_text()
+    # tiny budgets: 15 simulated minutes, sweeps of 5 minutes over two values each
+    text = text.replace("duration_s = 1800.0", "duration_s = 300.0")
+    text = text.replace("[0.0, 0.1, 0.3]", "[0.0, 0.3]").replace("[4, 8, 16]", "[4, 8]")
+    text = text.replace("[0.5, 1.0, 4.0]", "[1.0, 4.0]")
+    cfg.write_text(text)
+    assert main(["simulate", str(cfg), "--out", str(tmp_path / "out"), "--duration", "900"]) == 0
+    printed = capsys.readouterr().out
+    assert "waterlevel" in printed and "colocated" in printed
+    data = json.loads((tmp_path / "out" / "simulation.json").read_text())
+    assert set(data["policies"]) == {"colocated", "static_split", "async", "dynamic", "waterlevel"}
+    for p in data["policies"].values():
+        assert sum(p["state_fractions"].values()) == pytest.approx(1.0)
+    assert set(data["sweeps"]) == {"tool_tail_fraction", "cells", "switch_cost_scale"}
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert page.count("<img") >= 5 + 2 + 3  # Gantt per policy, two k sweeps, three sweeps
+
+
+def test_simulate_nl2repo_example_runs_with_a_tiny_budget(tmp_path):
+    out = tmp_path / "out"
+    args = ["simulate", str(EXAMPLES / "simulate_nl2repo.toml"), "--out", str(out)]
+    assert main([*args, "--duration", "120", "--no-sweeps"]) == 0
+    data = json.loads((out / "simulation.json").read_text())
+    assert data["policies"]["waterlevel"]["simulated_s"] == pytest.approx(120.0)
+
+
+def test_import_stays_light():
+    code = (
+        "import sys, gyre_env, gyre_env.scheduler.sim, gyre_env.scheduler.compare, "
+        "gyre_env.scheduler.report, gyre_env.scheduler.cli\n"
+        "bad = [m for m in ('matplotlib', 'torch', 'transformers') if m in sys.modules]\n"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_missing_plots_extra_names_the_install(monkeypatch, tmp_path):
+    import builtins
+
+    from gyre_env._optional import MissingExtraError
+    from gyre_env.scheduler import report
+
+    real = builtins.__import__
+
+    def no_matplotlib(name, *a, **kw):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real(name, *a, **kw)
+
+    monkeypatch.delitem(sys.modules, "matplotlib", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with pytest.raises(MissingExtraError, match=r"pip install 'gyre-env\[plots\]'"):
+        report._plt()
