@@ -214,6 +214,10 @@ def test_resume_offload_and_save_pretrained(megatron_world, model_dir, tmp_path)
     assert abs(la - lb) <= 1e-6 and a.version == b_.version == 3
     for (n, x), (_, y) in zip(a.named_parameters(), b_.named_parameters(), strict=True):
         assert torch.equal(x, y), n
+    fresh = MegatronTrainer(model_dir, cfg, loss)  # HF-named weights in, as a cell syncs
+    fresh.load_named_parameters(dict(a.named_parameters()))
+    for (n, x), (_, y) in zip(a.named_parameters(), fresh.named_parameters(), strict=True):
+        assert torch.equal(x, y), n
     folder = a.save_pretrained(tmp_path / "hf")
     saved_hf = _served(folder)
     assert all(torch.equal(saved_hf[k], v) for k, v in a.named_parameters())

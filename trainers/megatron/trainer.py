@@ -319,6 +319,13 @@ class MegatronTrainer:
         full = full_megatron_state(self.model)
         yield from megatron_to_hf(full, self.hf_config, te=self.use_te).items()
 
+    def load_named_parameters(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Load full HF-named weights (what ``named_parameters`` yields, e.g. a weight
+        board's newest version) into this rank's shards; the optimizer state is kept."""
+        from gyre_env.trainers.megatron.convert import load_hf_into
+
+        load_hf_into(self.model, tensors, self.hf_config, te=self.use_te)
+
     def offload(self) -> None:
         """Gradients dropped; on CUDA weights, grad buffers and optimizer state go to host
         (megatron's own buffer offload, which keeps the parameter views valid)."""
