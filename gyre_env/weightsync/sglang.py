@@ -75,6 +75,18 @@ class SGLangSyncConfig(SyncConfig):
             raise ValueError("mode 'disk' needs export_dir and base_model_path")
 
 
+async def _server_version(engine: SGLangEngine) -> int | None:
+    """The weight version the server itself reports (not the client's cached one)."""
+    from gyre_env.engines.base import EngineError
+    from gyre_env.engines.sglang import _parse_version
+
+    try:
+        out = await engine._request("GET", "/get_weight_version")
+    except EngineError:  # older servers
+        out = await engine._request("GET", "/get_model_info")
+    return _parse_version(out.get("weight_version") if isinstance(out, dict) else None)
+
+
 class SGLangPublisher:
     """Pushes every version to a list of SGLang servers (see the module docstring)."""
 
@@ -117,10 +129,10 @@ class SGLangPublisher:
             async def update() -> None:
                 await engine.pause()
                 await self._load(engine, named, version)
-                loaded = await engine.refresh_weight_version()
+                loaded = await _server_version(engine)
                 if loaded != version:
                     raise WeightSyncError(
-                        f"the server reports weight version {loaded} after loading {version} "
+                        f"the server reports weight version {loaded!r} after loading {version} "
                         "(the update answered success without loading)",
                         peer=f"{engine.name} ({engine.url})",
                     )
@@ -196,7 +208,10 @@ class SGLangPublisher:
         timeout = datetime.timedelta(seconds=cfg.timeout_s)
         peer = f"group {cfg.group_name!r} at {cfg.master_address}:{cfg.master_port}"
         try:
-            store = dist.TCPStore(cfg.master_address, cfg.master_port, world, True, timeout=timeout)
+            store = dist.TCPStore(
+                cfg.master_address, cfg.master_port, world, True, timeout=timeout,
+                wait_for_workers=False,
+            )  # fmt: skip
             prefixed = dist.PrefixStore(cfg.group_name, store)
             if cfg.backend == "gloo":
                 return dist.ProcessGroupGloo(prefixed, 0, world, timeout)

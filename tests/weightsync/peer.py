@@ -74,7 +74,7 @@ def dist_publisher(port, tiny, seed, version, die_after=None) -> None:
             return real(self, tensor)
 
         distributed._Group.broadcast = broadcast
-    publisher = DistPublisher(DistSyncConfig(port=int(port), timeout_s=20, bucket_bytes=1 << 20))
+    publisher = DistPublisher(DistSyncConfig(port=int(port), timeout_s=20, bucket_bytes=64 << 10))
     print("ready", flush=True)
     publisher.publish(perturbed(tiny, int(seed)), int(version))
     print(f"published {version}", flush=True)
