@@ -429,9 +429,15 @@ class _Run:
         self.tokenizer.save_pretrained(folder)
 
     def push_weights(self) -> None:
-        """The trainer's weights into the engine under the trainer's version."""
-        state = dict(self.trainer.named_parameters())
-        self.service.proxy.call(self.engine.update_weights(state, self.trainer.version))
+        """The trainer's weights into the engine under the trainer's version (in-process
+        weight sync: swapped in between decode steps, versions strictly increasing)."""
+        from gyre_env.weightsync.inprocess import InProcessPublisher
+
+        if self.engine.weight_version == self.trainer.version:
+            return  # no optimizer step since the last push: the engine serves these weights
+        publisher = InProcessPublisher([self.engine])
+        named = list(self.trainer.named_parameters())
+        self.service.proxy.call(publisher.apublish(named, self.trainer.version))
 
     # ---- the end ------------------------------------------------------------------
     def save(self) -> None:
