@@ -82,6 +82,8 @@ class MigrationReport:
     """The window was exceeded (``RDMA_TRANSFER_FAILED``)."""
     targets: dict[str, int] = field(default_factory=dict)
     """Requests per target engine."""
+    produced: list[int] = field(default_factory=list)
+    """Per moved request: output ids it had when exported (what came before the move)."""
     transport: str = ""
 
     @property
@@ -106,6 +108,7 @@ async def migrate(
     moved = await source.export_inflight()
     report.export_s = time.monotonic() - t0
     report.requests = len(moved)
+    report.produced = [len(m.request.output_ids) for m in moved]
     t1 = time.monotonic()
     deadline = t0 + window_s
     sent: set[int] = set()
