@@ -161,6 +161,42 @@ async def check_update_from_disk(
     return f"version {version}"
 
 
+async def check_weightsync(
+    engine: SGLangEngine, prompt: list[int], model_path: str | None, mode: str
+) -> str:
+    """gyre_env.weightsync's SGLangPublisher: the model's own weights re-sent (``tensor``
+    over CUDA IPC, ``distributed`` over NCCL, ``disk``) keep greedy output, move the version."""
+    if not model_path:
+        return "skip: no --model-path to read weights from"
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file
+
+    from gyre_env.weightsync import SGLangPublisher, SGLangSyncConfig
+
+    named = {}
+    for f in sorted(Path(model_path).glob("*.safetensors")):
+        named.update(load_file(str(f), device="cuda" if mode != "disk" else "cpu"))
+    extra = {"backend": "nccl", "master_port": 29671} if mode == "distributed" else {}
+    if mode == "disk":
+        extra = {"export_dir": tempfile.mkdtemp(prefix="gyre-ws-"), "base_model_path": model_path}
+    publisher = SGLangPublisher([engine], SGLangSyncConfig(mode=mode, timeout_s=300, **extra))
+    params = SamplingParams(max_new_tokens=16, temperature=0.0)
+    before = await engine.generate(prompt, params)
+    version = await engine.refresh_weight_version() + 1
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    await publisher.apublish(named, version)
+    seconds = time.perf_counter() - start
+    after = await engine.generate(prompt, params)
+    assert after.weight_version == version, f"result carries version {after.weight_version}"
+    assert after.output_ids == before.output_ids, "same weights re-sent, different greedy output"
+    nbytes = sum(t.numel() * t.element_size() for t in named.values())
+    return f"version {version}, {nbytes / seconds / 1e9:.2f} GB/s"
+
+
 async def check_memory(engine: SGLangEngine, prompt: list[int]) -> str:
     await engine.release_memory()
     await engine.resume_memory()
@@ -196,6 +232,11 @@ async def run_checks(args: argparse.Namespace) -> bool:
         await checks.run(
             "update_weights_from_disk", lambda: check_update_from_disk(engine, prompt, model_path)
         )
+        for mode in ("tensor", "distributed", "disk"):
+            await checks.run(
+                f"weightsync_{mode}",
+                lambda mode=mode: check_weightsync(engine, prompt, model_path, mode),
+            )
         await checks.run("release_resume_memory", lambda: check_memory(engine, prompt))
     finally:
         engine.close()
