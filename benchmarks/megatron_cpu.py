@@ -6,7 +6,7 @@ packed batch, the same model and the same optimizer settings.
 
 Both trainers start from the same weights and train the same packed trees (synthetic
 nano-shaped GRPO groups) for ``--repeats`` steps; the first step of each is a warm-up and
-is not timed. Prints tokens/s of each, the ratio, and the largest loss difference seen
+is not timed; the two take turns step by step. Prints tokens/s of each, the ratio, and the largest loss difference seen
 (the two should agree to ~1e-6 in fp32: tests/trainers/test_megatron.py).
 """
 
@@ -40,14 +40,19 @@ def _batch(groups: int, group_size: int, vocab: int):
     return TrainBatch(units=[pack(u) for u in units])
 
 
-def _time(trainer, batch, repeats: int) -> tuple[list[float], list[float]]:
-    seconds, losses = [], []
+def _time(trainers: dict, batch, repeats: int) -> tuple[dict, dict]:
+    """Step seconds and losses per trainer; the trainers take turns step by step, so a
+    load change on a shared machine hits both alike. The first step of each is a
+    warm-up (caches, allocators) and not timed."""
+    seconds = {name: [] for name in trainers}
+    losses = {name: [] for name in trainers}
     for rep in range(repeats + 1):
-        start = time.perf_counter()
-        m = trainer.train_step(batch)
-        if rep:  # the first step warms caches and allocators
-            seconds.append(time.perf_counter() - start)
-        losses.append(m["loss"])
+        for name, trainer in trainers.items():
+            start = time.perf_counter()
+            m = trainer.train_step(batch)
+            if rep:
+                seconds[name].append(time.perf_counter() - start)
+            losses[name].append(m["loss"])
     return seconds, losses
 
 
@@ -82,11 +87,11 @@ def main(argv=None) -> int:
         f"{len(batch.units)} packed units, {batch.num_tokens} tokens per step; model {model}",
         file=sys.stderr,
     )
-    rate, losses = {}, {}
-    for name, trainer in trainers.items():
-        seconds, losses[name] = _time(trainer, batch, args.repeats)
-        rate[name] = batch.num_tokens / statistics.median(seconds)
-        print(f"{name:>9}: median step {statistics.median(seconds):.2f}s, {rate[name]:.0f} tok/s")
+    seconds, losses = _time(trainers, batch, args.repeats)
+    rate = {}
+    for name, times in seconds.items():
+        rate[name] = batch.num_tokens / statistics.median(times)
+        print(f"{name:>9}: median step {statistics.median(times):.2f}s, {rate[name]:.0f} tok/s")
     diff = max(abs(a - b) for a, b in zip(losses["torch"], losses["megatron"], strict=True))
     print(f"megatron / torch tokens/s: {rate['megatron'] / rate['torch']:.2f}x")
     print(f"max |loss torch - loss megatron| over {args.repeats + 1} steps: {diff:.2e}")
