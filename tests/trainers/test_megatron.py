@@ -232,3 +232,19 @@ def test_import_is_lazy_and_a_missing_extra_names_the_install():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "pip install 'gyre-env[megatron]'" in out.stdout
+
+
+def test_train_config_selects_the_megatron_backend_and_its_optim_fields():
+    from gyre_env.train.config import ConfigError, apply_overrides, load_config
+
+    def config(*overrides):
+        cfg = apply_overrides(
+            load_config(None, preset="cpu-demo"), ["backend='megatron'", *overrides]
+        )
+        cfg.validate()
+        return cfg
+
+    optim = config("algorithm.optim.tensor_parallel=2").optim_config()
+    assert type(optim).__name__ == "MegatronTrainerConfig" and optim.tensor_parallel == 2
+    with pytest.raises(ConfigError, match="fsdp"):  # a torch-backend-only field
+        config("algorithm.optim.fsdp=true")
