@@ -215,7 +215,7 @@ class NL2RepoEnv(gym.Env):
         return self._last_obs, info
 
     def _start(self, task: Task):
-        from gyre_env.sandbox import SandboxConfig, make_sandbox
+        from gyre_env.sandbox import ImageNotFoundError, SandboxConfig, make_sandbox
         from gyre_env.sandbox.pool import shared_pool
 
         config = SandboxConfig.from_dict({**self.config.sandbox, "image": task.image})
@@ -225,6 +225,8 @@ class NL2RepoEnv(gym.Env):
                 sandbox = pool.acquire()
             else:
                 sandbox = make_sandbox(config, self.config.sandbox_backend)
+        except ImageNotFoundError as e:
+            raise EnvInfraError(self._missing_image(task, e)) from e
         except Exception as e:
             raise EnvInfraError(f"could not start a sandbox for {task.id!r}: {e}") from e
         try:
@@ -236,6 +238,19 @@ class NL2RepoEnv(gym.Env):
             sandbox.close()
             raise
         return sandbox
+
+    def _missing_image(self, task: Task, error) -> str:
+        """The error for a task image that was never built, with the command that builds it."""
+        from gyre_env.sandbox.images import DEFAULT_TAG
+        from gyre_env.sandbox.task_images import build_command
+
+        if task.image == DEFAULT_TAG:
+            command = "gyre images build"
+        elif self.config.task_path is not None:
+            command = build_command(self.config.task_path, {}, task.id)
+        else:
+            command = build_command(self.config.suite, self.config.suite_kwargs, task.id)
+        return f"image {error.image!r} of task {task.id!r} not found; build it with `{command}`"
 
     def _prompt(self, task: Task) -> str:
         names = ", ".join(t["name"] for t in self.tool_schemas)

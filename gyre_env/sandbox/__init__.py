@@ -12,6 +12,7 @@ import os
 
 from gyre_env.sandbox.base import (
     ExecResult,
+    ImageNotFoundError,
     PathOutsideWorkspaceError,
     Sandbox,
     SandboxClosedError,
@@ -31,6 +32,7 @@ __all__ = [
     "Sandbox",
     "SandboxClosedError",
     "SandboxConfig",
+    "ImageNotFoundError",
     "SandboxError",
     "SandboxPool",
     "choose_backend",

@@ -30,6 +30,14 @@ class SandboxError(RuntimeError):
     """The sandbox itself failed (not the command in it): dead container, lost shell."""
 
 
+class ImageNotFoundError(SandboxError):
+    """The sandbox's image does not exist on this machine (it has to be built first)."""
+
+    def __init__(self, image: str, message: str):
+        super().__init__(message)
+        self.image = image
+
+
 class SandboxClosedError(SandboxError):
     """An operation was attempted on a sandbox that was closed or killed."""
 

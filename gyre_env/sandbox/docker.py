@@ -21,6 +21,7 @@ from gyre_env.sandbox import lifecycle, route
 from gyre_env.sandbox.base import (
     WORKSPACE,
     ExecResult,
+    ImageNotFoundError,
     SandboxConfig,
     SandboxError,
 )
@@ -98,8 +99,8 @@ class DockerSandbox(ShellSandbox):
         try:
             image = client.images.get(cfg.image)
         except errors.ImageNotFound as e:
-            raise SandboxError(
-                f"image {cfg.image!r} not found; build it with `gyre images build`"
+            raise ImageNotFoundError(
+                cfg.image, f"image {cfg.image!r} not found; build it with `gyre images build`"
             ) from e
         raw_mounts = (image.labels or {}).get(MOUNTS_LABEL, "[]")
         try:

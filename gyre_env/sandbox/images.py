@@ -339,31 +339,40 @@ def _docker_build(
         args["BASE"] = base
     if pip_index_url:
         args["PIP_INDEX_URL"] = pip_index_url
-    tail: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gyre-build-") as ctx:
         for src in (DOCKERFILE, SETUP_SCRIPT):
             shutil.copy(src, ctx)
         # Host network: the build installs from PyPI, and CI daemons run with --bridge=none.
-        stream = client.api.build(
-            path=ctx,
-            tag=tag,
-            buildargs=args,
-            labels=labels,
-            network_mode="host",
-            rm=True,
-            forcerm=True,
-            pull=False,
-            decode=True,
-        )
-        for chunk in stream:
-            for line in str(chunk.get("stream", "")).splitlines():
-                if line.strip():
-                    tail = (tail + [line])[-30:]
+        docker_build(client, ctx, tag, labels, "host", progress, buildargs=args)
+
+
+def docker_build(
+    client, ctx: str, tag: str, labels: dict, network: str, progress: Progress | None, **kw
+) -> None:
+    """``docker build`` of the folder ``ctx`` as ``tag``; each output line goes to
+    ``progress`` (if any) and a failure raises ``ImageBuildError`` with the output's tail."""
+    tail: list[str] = []
+    stream = client.api.build(
+        path=ctx,
+        tag=tag,
+        labels=labels,
+        network_mode=network,
+        rm=True,
+        forcerm=True,
+        pull=False,
+        decode=True,
+        **kw,
+    )
+    for chunk in stream:
+        for line in str(chunk.get("stream", "")).splitlines():
+            if line.strip():
+                tail = (tail + [line])[-30:]
+                if progress is not None:
                     progress(f"  build: {line}")
-            if "error" in chunk:
-                raise ImageBuildError(
-                    f"docker build of {tag} failed: {chunk['error']}\n" + "\n".join(tail)
-                )
+        if "error" in chunk:
+            raise ImageBuildError(
+                f"docker build of {tag} failed: {chunk['error']}\n" + "\n".join(tail[-15:])
+            )
 
 
 def _build_host_usr(client, tag: str, labels: dict, progress: Progress) -> None:
@@ -458,7 +467,16 @@ def add_images_commands(sub) -> None:
     )
     build.add_argument("--mirror", help="Debian mirror for debootstrap (default: apt's)")
     build.add_argument("--pip-index-url", help="package index for the build (default: PyPI)")
-    build.set_defaults(func=_cmd_build)
+    suite = build.add_argument_group(
+        "task images", "with --suite: the base image, then every loaded task's own image"
+    )
+    suite.add_argument("--suite", help="a task suite (nl2repo, a folder, ...): build its images")
+    from gyre_env.tasks.cli import add_option_arg
+
+    add_option_arg(suite)
+    suite.add_argument("--task", action="append", default=[], help="only this task (repeatable)")
+    suite.add_argument("--jobs", type=int, default=2, help="task images built at once (default 2)")
+    build.set_defaults(func=_cmd_build, tier=None)
     show = isub.add_parser("show", help="an image's method, recipe and docker run flags")
     show.add_argument("--tag", default=DEFAULT_TAG, help=f"default: {DEFAULT_TAG}")
     show.set_defaults(func=_cmd_show)
@@ -471,6 +489,9 @@ def _raw_help():
 
 
 def _cmd_build(args) -> int:
+    if args.suite is None and (args.option or args.task):
+        print("gyre images build: -o/--task need --suite", file=sys.stderr)
+        return 2
     try:
         build_base_image(
             args.tag,
@@ -483,7 +504,28 @@ def _cmd_build(args) -> int:
     except (ImageBuildError, ValueError, ImportError) as e:
         print(f"gyre images build: {e}", file=sys.stderr)
         return 1
-    return 0
+    if args.suite is None:
+        return 0
+    from gyre_env.sandbox.task_images import build_task_images
+    from gyre_env.tasks.cli import load_tasks_from_args
+
+    tasks = load_tasks_from_args(args)
+    print(f"{len(tasks)} task(s) of suite {args.suite}; building their images on {args.tag}")
+    try:
+        results = build_task_images(
+            tasks, base=args.tag, jobs=args.jobs, force=args.force, pip_index_url=args.pip_index_url
+        )
+    except ImageBuildError as e:
+        print(f"gyre images build: {e}", file=sys.stderr)
+        return 1
+    failed = [r.task_id for r in results if not r.ok]
+    counts = {s: sum(r.status == s for r in results) for s in ("built", "up to date", "base")}
+    print(
+        f"task images: {counts['built']} built, {counts['up to date']} up to date, "
+        f"{counts['base']} on the base image, {len(failed)} failed"
+        + (f": {' '.join(failed)}" if failed else "")
+    )
+    return 1 if failed else 0
 
 
 def _cmd_show(args) -> int:

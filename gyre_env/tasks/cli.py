@@ -34,7 +34,7 @@ def add_commands(sub) -> None:
     check.add_argument(
         "--no-gold-ok",
         action="store_true",
-        help="accept tasks without a gold solution (NL2Repo): only the empty run is checked",
+        help="accept tasks without a gold solution: only the empty run is checked",
     )
     check.set_defaults(func=_cmd_check)
 
@@ -47,6 +47,11 @@ def add_commands(sub) -> None:
 def _suite_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", default="builtin", help="suite name or folder (default: builtin)")
     p.add_argument("--tier", choices=("micro", "small", "repo"), help="only tasks of this tier")
+    add_option_arg(p)
+
+
+def add_option_arg(p) -> None:
+    """``-o KEY=VALUE`` (repeatable): keyword arguments for a suite loader."""
     p.add_argument(
         "-o",
         "--option",
@@ -57,7 +62,7 @@ def _suite_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _load(args) -> list:
+def load_tasks_from_args(args) -> list:
     from gyre_env.tasks.registry import UnknownNameError, get_task, load_suite
     from gyre_env.tasks.task import TaskFormatError
 
@@ -95,7 +100,7 @@ def format_table(rows: list[list[str]], right: tuple[int, ...] = ()) -> str:
 
 
 def _cmd_list(args) -> int:
-    tasks = _load(args)
+    tasks = load_tasks_from_args(args)
     rows = [["id", "tier", "domain", "tests", "spec words"]]
     rows += [[t.id, t.tier, t.domain, str(t.test_count), str(t.spec_words)] for t in tasks]
     print(format_table(rows, right=(3, 4)))
@@ -107,7 +112,7 @@ def _cmd_check(args) -> int:
     from gyre_env.sandbox import choose_backend
     from gyre_env.tasks.check import check_tasks
 
-    tasks = _load(args)
+    tasks = load_tasks_from_args(args)
     backend = choose_backend(args.backend)
     start = time.monotonic()
     failed = 0
@@ -138,7 +143,7 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_show(args) -> int:
-    (task,) = _load(args)
+    (task,) = load_tasks_from_args(args)
     fields = {
         "id": task.id,
         "title": task.title,

@@ -16,10 +16,18 @@ in ``test_files.json`` are copied into the task's hidden-test overlay (under
 ``cache_dir``), never the upstream implementation.
 
 Dependencies: episodes have no network, so each task's requirements are installed into
-its image at build time. They come from ``<requirements>/<task>.txt`` or
+its image at build time (``gyre images build --suite nl2repo -o checkout=... -o
+tests=...``). They come from ``<requirements>/<task>.txt`` or
 ``test_files/<task>/requirements.txt`` when present, else from the spec's "Core
-Dependency Library Versions" section. ``pip install`` test commands are rewritten to
-``--no-build-isolation --no-deps`` so they work offline against that image.
+Dependency Library Versions" section; the upstream package's declared runtime
+dependencies (its sdist's ``PKG-INFO``, ``pyproject.toml``, ``setup.cfg`` or
+``setup.py``) are added to them, since a spec often names those only in prose. A
+requirement the spec pins wins over the upstream's. ``pip install`` test commands are
+rewritten to ``--no-build-isolation --no-deps`` so they work offline against that image.
+
+Gold: the upstream source without its test paths (``Task.gold_dir``, under ``cache_dir``),
+for ``gyre tasks check`` and the gold agent only. Neither the gold nor the upstream code
+ever enters an agent's sandbox.
 """
 
 from __future__ import annotations
@@ -84,15 +92,28 @@ def load_nl2repo(
         "offline_install": offline_install,
         "tests_from": tests,
     }
-    tasks = []
+    tasks, untested = [], []
     for name in names:
         try:
             source = _tests_source(tests, name)
+            if source is None and (root / name / "start.md").is_file():
+                untested.append(name)
+                continue
             tasks.append(_load_one(root / name, source, cache / name, requirements, options))
         except (_Skip, TaskFormatError) as e:
             if strict and not isinstance(e, _Skip):
                 raise
             warnings.warn(f"NL2Repo task {name!r} skipped: {e}", NL2RepoSkipWarning, stacklevel=2)
+    if untested:  # one line, not one per task: a checkout has ~100 tasks, tests= a few
+        shown = ", ".join(untested[:8]) + (
+            f" and {len(untested) - 8} more" if len(untested) > 8 else ""
+        )
+        warnings.warn(
+            f"{len(untested)} NL2Repo task(s) skipped: no upstream tests for them in {tests}: "
+            f"{shown}",
+            NL2RepoSkipWarning,
+            stacklevel=2,
+        )
     if not tasks:
         raise TaskFormatError(f"{root}: no NL2Repo task could be loaded (see the warnings)")
     return tasks
@@ -134,6 +155,13 @@ def _load_one(
     except (OSError, ValueError) as e:
         raise TaskFormatError(f"{count_file}: expected a single integer") from e
     overlay = build_overlay(source, test_paths, cache)
+    gold = build_gold(source, test_paths, cache)
+    requirements = merge_requirements(
+        _requirements_for(task_dir, spec, requirements),
+        upstream_requirements(source, parse_spec_python_version(spec))
+        + upstream_build_requirements(source),
+        exclude=own_distribution_names(name),
+    )
     if options["offline_install"]:
         commands = [offline_pip(c) for c in commands]
     return Task(
@@ -151,7 +179,8 @@ def _load_one(
         max_steps=options["max_steps"],
         wall_clock_s=options["wall_clock_s"],
         grading_timeout_s=1800.0,
-        requirements=_requirements_for(task_dir, spec, requirements),
+        requirements=requirements,
+        gold_dir=gold,
         python_version=parse_spec_python_version(spec),
         source=str(task_dir),
     )
@@ -263,10 +292,197 @@ def build_overlay(source: Path, test_paths: list[str], cache: Path) -> Path:
     return overlay
 
 
-def _source_digest(source: Path, test_paths: list[str]) -> str:
+_NOT_GOLD = ("__pycache__", "*.pyc", "*.egg-info", ".git", ".tox", ".eggs", "build", "dist")
+
+
+def build_gold(source: Path, test_paths: list[str], cache: Path) -> Path:
+    """The upstream source tree without ``test_paths``, as a folder under ``cache``
+    (named by the source's digest, never changed once built), and return it."""
+    gold = cache / f"gold-{_source_digest(source, test_paths, whole=True)}"
+    if gold.is_dir():
+        return gold
+    cache.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache))
+    try:
+        tree = source if source.is_dir() else _extract(source, staging / "_src")
+        out = staging / "gold"
+        shutil.copytree(tree, out, ignore=shutil.ignore_patterns(*_NOT_GOLD))
+        for rel in test_paths:
+            target = out / rel.rstrip("/")
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+        try:
+            out.rename(gold)
+        except OSError:
+            if not gold.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return gold
+
+
+def upstream_requirements(source: Path, python: str | None = None) -> list[str]:
+    """The upstream package's declared runtime dependencies, from its source tree or
+    sdist: ``PKG-INFO``'s ``Requires-Dist``, else ``pyproject.toml``'s
+    ``[project] dependencies``, else ``setup.cfg``'s ``install_requires``, else a literal
+    ``install_requires=[...]`` in ``setup.py``. Extras and requirements whose markers do
+    not hold for ``python`` (default: this Python) on Linux are left out."""
+    files = _metadata_files(source)
+    for name, parse in (
+        ("PKG-INFO", _requires_dist),
+        ("pyproject.toml", _pyproject_dependencies),
+        ("setup.cfg", _setup_cfg_requires),
+        ("setup.py", _setup_py_requires),
+    ):
+        if name in files:
+            try:
+                found = parse(files[name])
+            except (ValueError, SyntaxError):
+                continue
+            if found:
+                return [r for r in (_applicable(x, python) for x in found) if r]
+    return []
+
+
+def upstream_build_requirements(source: Path) -> list[str]:
+    """``[build-system] requires`` of the upstream's ``pyproject.toml`` (hatchling,
+    setuptools_scm, ...): test commands install the workspace with
+    ``--no-build-isolation``, so the build backend must already be in the image."""
+    text = _metadata_files(source).get("pyproject.toml")
+    if text is None:
+        return []
+    import tomllib
+
+    try:
+        requires = tomllib.loads(text).get("build-system", {}).get("requires", [])
+    except tomllib.TOMLDecodeError:
+        return []
+    return [r for r in (_applicable(x, None) for x in requires if isinstance(x, str)) if r]
+
+
+def _metadata_files(source: Path) -> dict[str, str]:
+    """Top-level metadata files of a source tree or archive, by name."""
+    names = ("PKG-INFO", "pyproject.toml", "setup.cfg", "setup.py")
+    out: dict[str, str] = {}
+    if source.is_dir():
+        for n in names:
+            if (source / n).is_file():
+                out[n] = (source / n).read_text(encoding="utf-8", errors="replace")
+        return out
+    try:
+        if source.name.lower().endswith(".zip"):
+            with zipfile.ZipFile(source) as zf:
+                for member in zf.namelist():
+                    parts = PurePosixPath(member).parts
+                    if len(parts) == 2 and parts[1] in names:
+                        out[parts[1]] = zf.read(member).decode("utf-8", "replace")
+        else:
+            with tarfile.open(source) as tf:
+                for member in tf.getmembers():
+                    parts = PurePosixPath(member.name).parts
+                    if member.isfile() and len(parts) == 2 and parts[1] in names:
+                        data = tf.extractfile(member)
+                        if data is not None:
+                            out[parts[1]] = data.read().decode("utf-8", "replace")
+    except (tarfile.TarError, zipfile.BadZipFile, OSError) as e:
+        raise TaskFormatError(f"{source}: cannot read ({e})") from e
+    return out
+
+
+def _requires_dist(text: str) -> list[str]:
+    head = text.split("\n\n", 1)[0]  # the headers; the long description follows
+    return [
+        line.split(":", 1)[1].strip()
+        for line in head.splitlines()
+        if line.lower().startswith("requires-dist:")
+    ]
+
+
+def _pyproject_dependencies(text: str) -> list[str]:
+    import tomllib
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(str(e)) from e
+    deps = data.get("project", {}).get("dependencies", [])
+    return [d for d in deps if isinstance(d, str)]
+
+
+def _setup_cfg_requires(text: str) -> list[str]:
+    import configparser
+
+    cp = configparser.ConfigParser(interpolation=None)
+    try:
+        cp.read_string(text)
+    except configparser.Error as e:
+        raise ValueError(str(e)) from e
+    raw = cp.get("options", "install_requires", fallback="")
+    lines = (line.split(" #", 1)[0].strip() for line in raw.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def _setup_py_requires(text: str) -> list[str]:
+    import ast
+
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.keyword) and node.arg == "install_requires":
+            value = ast.literal_eval(node.value)  # ValueError unless a literal list
+            return [v for v in value if isinstance(v, str)]
+    return []
+
+
+def _applicable(requirement: str, python: str | None) -> str | None:
+    """``requirement`` without its marker if the marker holds for ``python`` on Linux
+    (extras never do); None otherwise."""
+    req, _, marker = requirement.partition(";")
+    req, marker = req.strip(), marker.strip()
+    if not marker:
+        return req or None
+    if "extra" in marker:
+        return None
+    try:
+        from packaging.markers import Marker
+    except ImportError:  # no way to evaluate it: leave it out rather than guess
+        return None
+    env = {"sys_platform": "linux", "platform_system": "Linux", "os_name": "posix"}
+    if python:
+        env |= {"python_version": python, "python_full_version": f"{python}.0"}
+    try:
+        return req if Marker(marker).evaluate(env) else None
+    except Exception:
+        return None
+
+
+def requirement_name(requirement: str) -> str:
+    """The normalised distribution name of a requirement line (``Foo_Bar>=1`` -> ``foo-bar``)."""
+    return _norm(re.split(r"[\s=<>!~\[;(@]", requirement.strip(), maxsplit=1)[0])
+
+
+def merge_requirements(
+    primary: list[str], secondary: list[str], exclude: set[str] = frozenset()
+) -> list[str]:
+    """``primary`` (the spec's pins: they win), then the ``secondary`` requirements whose
+    distribution ``primary`` does not name; names in ``exclude`` and the image's tooling
+    are left out of ``secondary``."""
+    out = list(primary)
+    named = {requirement_name(r) for r in primary}
+    for req in secondary:
+        name = requirement_name(req)
+        if name and name not in named and name not in exclude and name not in _TOOLING:
+            out.append(req)
+            named.add(name)
+    return out
+
+
+def _source_digest(source: Path, test_paths: list[str], whole: bool = False) -> str:
     h = hashlib.sha256(json.dumps(sorted(test_paths)).encode())
     files = [source]
-    if source.is_dir():
+    if source.is_dir() and whole:
+        files = sorted(source.rglob("*"))
+    elif source.is_dir():
         roots = [source / rel.rstrip("/") for rel in test_paths]
         files = sorted(f for r in roots for f in ([r] if r.is_file() else r.rglob("*")))
     for f in files:
