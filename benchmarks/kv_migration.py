@@ -5,9 +5,10 @@ A request decodes on engine A; the cell leaves ROLLOUT and the request moves to 
 transport, unpack, join B's batch) or re-prefilled on B from its token ids. The figure is
 the time from the start of the move to the request's next token arriving at its caller,
 median of ``--repeats``. Model: the built-in tiny Qwen2 (random init, 2 layers, hidden 64,
-128k context) on CPU; transport: in-process copy (no Mooncake here).
+128k context) on CPU; transport: ``copy`` (in-process) or ``mooncake`` (two Mooncake
+transfer engines over TCP loopback in this process).
 
-    python benchmarks/kv_migration.py [--tokens 1024 8192 32768] [--repeats 3]
+    python benchmarks/kv_migration.py [--tokens 1024 8192 32768] [--repeats 3] [--transport mooncake]
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ import statistics
 import time
 
 
-async def _move_once(a, b, prompt, keep_kv: bool) -> tuple[float, int]:
+async def _move_once(a, b, prompt, keep_kv: bool, transport) -> tuple[float, int]:
     from gyre_env.engines.base import SamplingParams
     from gyre_env.scheduler.migration import migrate
 
     await a.resume()
-    params = SamplingParams(max_new_tokens=16, temperature=0.0)
+    params = SamplingParams(max_new_tokens=256, temperature=0.0)
     stream = a.stream(prompt, params)
     received = len((await anext(stream)).ids) + len((await anext(stream)).ids)
     t0 = time.perf_counter()
-    report = await migrate(a, [b], keep_kv=keep_kv, window_s=600.0)
+    report = await migrate(a, [b], keep_kv=keep_kv, window_s=600.0, transport=transport)
     while received <= report.produced[0]:  # tokens sampled on A before the move
         received += len((await anext(stream)).ids)
     seconds = time.perf_counter() - t0
@@ -40,16 +41,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 8192, 32768])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--transport", choices=["copy", "mooncake"], default="copy")
     args = parser.parse_args(argv)
 
     import numpy as np
 
     from gyre_env.engines.embedded import EmbeddedEngine
+    from gyre_env.scheduler.migration import CopyTransport, MooncakeTransport
+
+    transport = MooncakeTransport() if args.transport == "mooncake" else CopyTransport()
 
     a = EmbeddedEngine(name="a", max_batch_size=4)
     b = EmbeddedEngine(name="b", max_batch_size=4)
     rng = np.random.default_rng(0)
-    print(f"model {a.model_path.name} on {a.device}; transport: in-process copy")
+    print(f"model {a.model_path.name} on {a.device}; transport: {transport.name}")
     print(f"{'tokens':>7} {'KV MB':>7} {'migrate ms':>11} {'re-prefill ms':>14} {'ratio':>6}")
     try:
         for n in args.tokens:
@@ -58,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
             nbytes = 0
             for _ in range(args.repeats):
                 for keep in (True, False):
-                    seconds, sent = asyncio.run(_move_once(a, b, prompt, keep))
+                    seconds, sent = asyncio.run(_move_once(a, b, prompt, keep, transport))
                     runs[keep].append(seconds)
                     nbytes = max(nbytes, sent)
             mig, pre = statistics.median(runs[True]), statistics.median(runs[False])

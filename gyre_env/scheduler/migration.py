@@ -9,8 +9,9 @@ the overrun is logged as ``RDMA_TRANSFER_FAILED`` and reported (``MigrationRepor
 so that the driver can tell the policy and shrink the context per batch. Callers never
 notice: their streams continue on the target.
 
-Transports: :class:`CopyTransport` copies the bytes within the process (the measured path
-on this machine); a Mooncake transfer engine over TCP/RDMA fits the same ``send``.
+Transports: :class:`CopyTransport` copies the bytes within the process;
+:class:`MooncakeTransport` moves them between two Mooncake transfer engines (TCP here,
+RDMA on clusters), the target reading the source's registered buffer.
 """
 
 from __future__ import annotations
@@ -63,6 +64,67 @@ class CopyTransport:
         if time.monotonic() > deadline:
             raise KVTransferTimeout(f"{self.name}: {buffer.numel()} bytes arrived past the window")
         return out
+
+
+class MooncakeTransport:
+    """KV bytes over Mooncake: the source side registers a send buffer, the target side
+    reads it into its own registered buffer (``transfer_sync_read``) under the deadline.
+    Both transfer engines live in this process here; across nodes each side is its own."""
+
+    def __init__(self, *, protocol: str = "tcp", host: str = "127.0.0.1", device_name: str = ""):
+        from gyre_env._optional import require
+
+        engine_mod = require("mooncake.engine", "KV migration over Mooncake")
+        self.name = f"mooncake {protocol}"
+        self._ends = []
+        for _ in range(2):
+            engine = engine_mod.TransferEngine()
+            rc = engine.initialize(host, "P2PHANDSHAKE", protocol, device_name)
+            if rc != 0:
+                raise EngineError(f"Mooncake TransferEngine.initialize({host!r}) returned {rc}")
+            self._ends.append((engine, f"{host}:{engine.get_rpc_port()}"))
+        self._buffers: list = []  # [send, receive], grown (and registered) as needed
+        self._abandoned: list = []  # buffers a timed-out read may still write into
+
+    def _ensure(self, nbytes: int) -> None:
+        import torch
+
+        if self._buffers and self._buffers[0].numel() >= nbytes:
+            return
+        size = 1 << max(20, (nbytes - 1).bit_length())  # powers of two: few re-registrations
+        for (engine, _), buf in zip(self._ends, self._buffers, strict=False):
+            engine.unregister_memory(buf.data_ptr())
+        self._buffers = []
+        for engine, session in self._ends:
+            buf = torch.empty(size, dtype=torch.uint8)
+            if engine.register_memory(buf.data_ptr(), size) != 0:
+                raise EngineError(f"Mooncake register_memory({size}) failed on {session}")
+            self._buffers.append(buf)
+
+    def send(self, buffer, *, deadline: float):
+        from gyre_env.weightsync.base import SyncTimeoutError, call_with_deadline
+
+        n = buffer.numel()
+        self._ensure(n)
+        out, into = self._buffers
+        out[:n].copy_(buffer)
+        (_, source), (reader, _) = self._ends
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise KVTransferTimeout(f"{self.name}: the window closed before {n} bytes were sent")
+
+        def read() -> int:
+            return reader.transfer_sync_read(source, into.data_ptr(), out.data_ptr(), n)
+
+        try:
+            rc = call_with_deadline(read, timeout_s=left, peer=source, what="KV read")
+        except SyncTimeoutError as e:
+            self._abandoned.append(self._buffers)
+            self._buffers = []
+            raise KVTransferTimeout(f"{self.name}: {n} bytes not read within the window") from e
+        if rc < 0:
+            raise EngineError(f"{self.name}: read of {n} bytes from {source} returned {rc}")
+        return into[:n].clone()
 
 
 @dataclass

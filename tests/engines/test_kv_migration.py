@@ -115,3 +115,30 @@ def test_kv_bytes_round_trip_exactly(pair, prompts):
     alone = asyncio.run(a.generate(prompts[3], params)).output_ids
     ids, _ = asyncio.run(run())
     assert ids == alone
+
+
+def test_kv_over_mooncake_tcp_continues_exactly(pair, prompts):
+    pytest.importorskip(
+        "mooncake.engine", reason="the mooncake extra (pip install gyre-env[mooncake])"
+    )
+    from gyre_env.scheduler.migration import MooncakeTransport, migrate
+
+    a, b = pair
+    params = SamplingParams(max_new_tokens=60, temperature=0.0)
+    transport = MooncakeTransport()
+
+    async def run():
+        await a.resume()
+        seen: list = []
+        tasks = [asyncio.create_task(_collect(a, p, params, seen)) for p in prompts[:3]]
+        while len(seen) < 6:
+            await asyncio.sleep(0.001)
+        report = await migrate(a, [b], transport=transport, window_s=30.0)
+        out = await asyncio.gather(*tasks)
+        await a.resume()
+        return report, out
+
+    alone = [asyncio.run(a.generate(p, params)).output_ids for p in prompts[:3]]
+    report, out = asyncio.run(run())
+    assert [ids for ids, _ in out] == alone
+    assert report.transport == "mooncake tcp" and report.with_kv > 0 and report.kv_bytes > 0
