@@ -1,0 +1,256 @@
+"""The core cell and its training satellites: one optimizer, gradients reduced to it.
+
+The core holds the master weights and the only optimizer state. Every training cell
+(the core included) computes gradients of the step's loss on its share of the batch,
+normalized by the token count of the *whole* batch, so that the sum of the shares'
+gradients is exactly the gradient of one step over everything; the shares are summed at
+the core, which clips, steps and publishes the next version. Satellites never step (their
+trainer's optimizer is dropped), and pull the published weights before their next share.
+
+Two ways to reduce: :class:`CoreStep` sums the gradients of trainers in this process (the
+elastic driver's cells), :class:`TrainingGroup` runs one rank of a ``torch.distributed``
+group (gloo here, NCCL on GPUs: rank 0 is the core) with ``reduce`` to the core and a
+``broadcast`` of the new weights. Its heartbeat gathers every rank's weight version; a rank
+lagging past the staleness bound is reported (``STALE_WEIGHTS_DETECTED``) and synced.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gyre_env.scheduler.versions import Heartbeat, HeartbeatConfig
+
+
+def _torch():
+    from gyre_env._optional import require
+
+    return require("torch", "the elastic scheduler")
+
+
+def share_normalizer(trainer, units: Sequence, kind: str, version: int) -> float:
+    """This share's part of the step normalizer (sums over shares to the whole batch's)."""
+    from gyre_env.trainers.losses import step_normalizer
+
+    rl = kind == "rl"
+    agg = trainer.loss.aggregation if rl else "token"
+    tensors = [u.tensors(trainer.device) for u in units]
+    if not tensors:
+        return 0.0
+    limit = trainer.loss.max_staleness if rl else None
+    return float(step_normalizer(tensors, agg, current_version=version, max_staleness=limit))
+
+
+def accumulate(trainer, units: Sequence, kind: str, normalizer: float, version: int) -> dict:
+    """Forward and backward over ``units`` into the model's ``.grad`` (not zeroed first);
+    the same loss as ``TorchTrainer.train_step``. Returns summed metrics."""
+    from gyre_env.trainers.hf_tree import attention_for, tree_logprobs
+    from gyre_env.trainers.losses import LossTerms, policy_loss, sft_loss
+
+    cfg, tcfg, rl = trainer.loss, trainer.config, kind == "rl"
+    if rl and cfg.kl_coef > 0:
+        raise NotImplementedError("a KL reference model is not supported with satellites yet")
+    agg = cfg.aggregation if rl else "token"
+    sums = {"loss": 0.0, "tokens": 0.0}
+    for packed in units:
+        t = packed.tensors(trainer.device)
+        attn = attention_for(
+            packed, device=trainer.device, dense_max_tokens=tcfg.dense_max_tokens,
+            block_size=tcfg.block_size,
+        )  # fmt: skip
+        extra = {}
+        if rl and cfg.policy_loss == "decoupled":
+            extra["proximal"] = trainer.logprobs(t, attn)
+        temperature = cfg.temperature if rl else 1.0
+        lp, ent = tree_logprobs(trainer.model, t, attn, temperature=temperature, with_entropy=True)
+        terms = LossTerms.from_batch(t, lp, agg, entropy=ent, **extra)
+        if rl:
+            loss, _ = policy_loss(terms, cfg, normalizer=normalizer, current_version=version)
+        else:
+            loss, _ = sft_loss(terms, normalizer=normalizer)
+        loss.backward()
+        sums["loss"] += float(loss.detach())
+        sums["tokens"] += float(len(packed))
+    return sums
+
+
+def apply_step(trainer) -> dict:
+    """Clip the accumulated gradients, take the optimizer step, zero the gradients."""
+    torch = _torch()
+    params = [p for p in trainer.model.parameters() if p.grad is not None]
+    clip = trainer.config.grad_clip or float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
+    lr = trainer.scheduler.get_last_lr()[0]
+    trainer.optimizer.step()
+    trainer.scheduler.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return {"grad_norm": grad_norm, "lr": lr}
+
+
+def split_units(units: Sequence, shares: int) -> list[list]:
+    """``units`` dealt into ``shares`` lists of about equal token counts (largest first)."""
+    out: list[list] = [[] for _ in range(shares)]
+    load = [0] * shares
+    for u in sorted(units, key=len, reverse=True):
+        i = load.index(min(load))
+        out[i].append(u)
+        load[i] += len(u)
+    return out
+
+
+class CoreStep:
+    """One optimizer step over the core trainer and in-process satellite trainers."""
+
+    def __init__(self, core_trainer, *, version: int = 0):
+        self.core = core_trainer
+        self.version = version
+        """The version of the core's weights (optimizer steps taken)."""
+
+    def step(self, units: Sequence, satellites: Sequence = (), kind: str = "rl") -> dict:
+        """Split ``units`` over the core and ``satellites`` (trainers holding the core's
+        current weights), sum their gradients at the core, step; returns metrics."""
+        torch = _torch()
+        t0 = time.perf_counter()
+        trainers = [self.core, *satellites]
+        shares = split_units(units, len(trainers))
+        norm = sum(
+            share_normalizer(t, s, kind, self.version)
+            for t, s in zip(trainers, shares, strict=True)
+        )
+        norm = max(norm, 1.0)
+        self.core.optimizer.zero_grad(set_to_none=True)
+        sums = {"loss": 0.0, "tokens": 0.0}
+        for trainer, share in zip(trainers, shares, strict=True):
+            part = accumulate(trainer, share, kind, norm, self.version)
+            sums = {k: sums[k] + part[k] for k in sums}
+        with torch.no_grad():
+            for sat in satellites:
+                for mine, theirs in zip(
+                    self.core.model.parameters(), sat.model.parameters(), strict=True
+                ):
+                    if theirs.grad is None:
+                        continue
+                    if mine.grad is None:
+                        mine.grad = theirs.grad.clone()
+                    else:
+                        mine.grad += theirs.grad
+                    theirs.grad = None
+        metrics = apply_step(self.core)
+        self.version += 1
+        seconds = time.perf_counter() - t0
+        return {
+            **sums, **metrics, "step_s": seconds, "shares": len(trainers),
+            "tokens_per_s": sums["tokens"] / seconds if seconds > 0 else 0.0,
+        }  # fmt: skip
+
+
+@dataclass(kw_only=True)
+class GroupConfig:
+    """One rank's place in a core + satellites ``torch.distributed`` group."""
+
+    rank: int
+    world_size: int
+    init_method: str
+    """``tcp://host:port`` of the rendezvous."""
+    backend: str = "gloo"
+    """``gloo`` (CPU) or ``nccl`` (GPUs)."""
+    timeout_s: float = 120.0
+    heartbeat: HeartbeatConfig | None = None
+
+
+class TrainingGroup:
+    """One rank of the core (rank 0) + satellites group; every method is a collective."""
+
+    def __init__(self, trainer, config: GroupConfig):
+        import datetime
+
+        import torch.distributed as dist
+
+        self.trainer, self.config, self.dist = trainer, config, dist
+        dist.init_process_group(
+            config.backend, init_method=config.init_method, rank=config.rank,
+            world_size=config.world_size, timeout=datetime.timedelta(seconds=config.timeout_s),
+        )  # fmt: skip
+        self.is_core = config.rank == 0
+        if not self.is_core:
+            trainer.optimizer = trainer.scheduler = None  # the only optimizer state is the core's
+        self.version = 0
+        """The version this rank's weights hold."""
+        self.core_version = 0
+        """The core's version (every rank counts the steps it took part in)."""
+        self.heartbeat = Heartbeat(config.heartbeat or HeartbeatConfig())
+        self._last_beat = float("-inf")
+
+    def step(self, share: Sequence, kind: str = "rl", *, pull: bool = True) -> dict:
+        """Gradients of this rank's ``share``, reduced to the core, which steps and
+        broadcasts the new weights; ``pull=False`` leaves this rank's weights as they are
+        (a rank away serving). Returns the core's metrics (satellites: their own sums)."""
+        torch, dist = _torch(), self.dist
+        norm = share_normalizer(self.trainer, share, kind, self.core_version)
+        norm = torch.tensor([norm], dtype=torch.float64)
+        dist.all_reduce(norm)
+        params = list(self.trainer.model.parameters())
+        for p in params:
+            p.grad = None
+        sums = accumulate(self.trainer, share, kind, max(float(norm), 1.0), self.core_version)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = _flat(grads)
+        dist.reduce(flat, dst=0)
+        metrics = dict(sums)
+        if self.is_core:
+            offset = 0
+            for p in params:
+                p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+            metrics.update(apply_step(self.trainer))
+        self._broadcast_weights(apply=self.is_core or pull)
+        return metrics
+
+    def _broadcast_weights(self, *, apply: bool) -> None:
+        """The core's new weights to every rank; those that ``apply`` hold the new version."""
+        flat = _flat(self.trainer.model.parameters())
+        self.dist.broadcast(flat, src=0)
+        self.core_version += 1
+        if apply:
+            _load_flat(self.trainer.model.parameters(), flat)
+            self.version = self.core_version
+
+    def beat(self, *, force: bool = False) -> list[int]:
+        """Gather every rank's version (when the adaptive interval is due, or ``force``);
+        ranks past the staleness bound are logged and synced. Returns them."""
+        torch, dist = _torch(), self.dist
+        now = time.monotonic()
+        due = torch.tensor([int(force or now - self._last_beat >= self.heartbeat.interval_s)])
+        dist.all_reduce(due, op=dist.ReduceOp.MAX)  # every rank takes the same branch
+        if not int(due):
+            return []
+        self._last_beat = now
+        mine = torch.tensor([self.version])
+        versions = [torch.zeros(1, dtype=mine.dtype) for _ in range(self.config.world_size)]
+        dist.all_gather(versions, mine)
+        stale = self.heartbeat.beat(self.core_version, {r: int(v) for r, v in enumerate(versions)})
+        if stale:
+            flat = _flat(self.trainer.model.parameters())
+            dist.broadcast(flat, src=0)
+            if self.config.rank in stale:
+                _load_flat(self.trainer.model.parameters(), flat)
+                self.version = self.core_version
+        return stale
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+def _flat(tensors):
+    torch = _torch()
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def _load_flat(params, flat) -> None:
+    torch = _torch()
+    with torch.no_grad():
+        offset = 0
+        for p in params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
