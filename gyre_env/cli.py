@@ -11,7 +11,7 @@ _COMMAND_MODULES = [
     "gyre_env.tasks.cli",
     "gyre_env.proxy.cli",
     "gyre_env.trajectory.cli",
-    "gyre_env.bench_cli",
+    "gyre_env.bench.cli",
     "gyre_env.train.cli",
     "gyre_env.scheduler.cli",
 ]

@@ -1,5 +1,5 @@
 """``gyre bench`` end to end (real env, Docker sandboxes, grading), and what a killed bench
-leaves behind. ``python -m gyre_env.bench_cli`` is the same code as ``gyre bench``."""
+leaves behind. ``python -m gyre_env.bench`` is the same code as ``gyre bench``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gyre_env import bench_cli
+from gyre_env.bench import cli as bench_cli
 from gyre_env.bench import select_tasks
 
 pytestmark = pytest.mark.docker
@@ -75,7 +75,7 @@ def _start_bench(tmp_path, sleep_s: int) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
-        "gyre_env.bench_cli",
+        "gyre_env.bench",
         "--agent",
         "scripted",
         "--script",

@@ -1,8 +1,18 @@
-"""``gyre bench``: the command line of :mod:`gyre_env.bench` (imports stay light here)."""
+"""``gyre bench``: the command line of :mod:`gyre_env.bench` (imports stay light here).
+
+Every flag is a ``BenchConfig`` field and takes its default from it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+
+from gyre_env.bench.config import BenchConfig
+
+_D = BenchConfig()
+# flag dest -> BenchConfig field, where the names differ
+_FIELD = {"out": "out_dir", "time_limit": "time_limit_s"}
 
 DESCRIPTION = (
     "Run an agent over a task suite through Gyre's proxy (default model: the embedded tiny "
@@ -20,7 +30,7 @@ def add_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gyre_env.bench_cli ...``: the same as ``gyre bench ...``."""
+    """``python -m gyre_env.bench ...``: the same as ``gyre bench ...``."""
     p = argparse.ArgumentParser(prog="gyre bench", description=DESCRIPTION)
     add_arguments(p)
     args = p.parse_args(argv)
@@ -28,57 +38,71 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("env_id", nargs="?", default="Gyre/NL2Repo-v0", help="Gymnasium env id")
+    p.add_argument("env_id", nargs="?", default=_D.env_id, help="Gymnasium env id")
     p.add_argument(
         "--agent",
-        default="langgraph",
+        default=_D.agent,
         help="langgraph | claude-code | scripted (gold solutions, or --script) | gold | "
         "'<shell command>' run in the sandbox with its base URL set",
     )
     p.add_argument(
         "--tasks",
-        default="micro",
+        default=_D.tasks,
         help="'all', tiers (micro,small,repo) and/or task ids, comma-separated",
     )
-    p.add_argument("--suite", default="builtin", help="task suite name or folder")
-    p.add_argument("--parallel", type=int, default=4, help="episodes at once")
-    p.add_argument("--repeats", type=int, default=1, help="episodes per task")
+    p.add_argument("--suite", default=_D.suite, help="task suite name or folder")
+    p.add_argument("--parallel", type=int, default=_D.parallel, help="episodes at once")
+    p.add_argument("--repeats", type=int, default=_D.repeats, help="episodes per task")
     p.add_argument(
         "--model",
-        default=None,
+        default=_D.model,
         help="local HF model folder for the embedded engine (default: tiny); "
         "with --base-url, the upstream model name",
     )
     p.add_argument(
         "--base-url",
-        default=None,
+        default=_D.base_url,
         help="forward model calls to this OpenAI/Anthropic-compatible API through the "
         "proxy (key from $GYRE_UPSTREAM_API_KEY)",
     )
     p.add_argument(
-        "--api", default="openai", choices=("openai", "anthropic"), help="the API of --base-url"
+        "--api", default=_D.api, choices=("openai", "anthropic"), help="the API of --base-url"
     )
-    p.add_argument("--script", default=None, help="JSON list of tool calls for --agent scripted")
-    p.add_argument("--out", default="bench-out", help="output folder")
+    p.add_argument(
+        "--script", default=_D.script, help="JSON list of tool calls for --agent scripted"
+    )
+    p.add_argument("--out", default=_D.out_dir, help="output folder")
     p.add_argument(
         "--store",
-        default=None,
+        default=_D.store,
         help="also write calls and outcomes to this trajectory store (SQLite file)",
     )
-    p.add_argument("--run", default="", help="run name in the store (default: the --out name)")
-    p.add_argument("--time-limit", type=float, default=None, help="seconds per episode")
-    p.add_argument("--max-retries", type=int, default=2, help="retries of infra_error episodes")
-    p.add_argument("--max-steps", type=int, default=None, help="agent step budget")
+    p.add_argument("--run", default=_D.run, help="run name in the store (default: the --out name)")
+    p.add_argument("--time-limit", type=float, default=_D.time_limit_s, help="seconds per episode")
+    p.add_argument(
+        "--max-retries", type=int, default=_D.max_retries, help="retries of infra_error episodes"
+    )
+    p.add_argument("--max-steps", type=int, default=_D.max_steps, help="agent step budget")
     p.add_argument(
         "--max-new-tokens",
         type=int,
-        default=256,
+        default=_D.max_new_tokens,
         help="tokens per model call (LangGraph; Claude Code via CLAUDE_CODE_MAX_OUTPUT_TOKENS)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=_D.seed)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON at the end")
     p.set_defaults(func=_bench)
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The ``BenchConfig`` the parsed flags describe (every field that has a flag)."""
+    values = {"progress": not args.no_progress}
+    for f in dataclasses.fields(BenchConfig):
+        dest = next((d for d, name in _FIELD.items() if name == f.name), f.name)
+        if hasattr(args, dest) and f.name != "progress":
+            values[f.name] = getattr(args, dest)
+    return BenchConfig(**values)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -86,30 +110,10 @@ def _bench(args: argparse.Namespace) -> int:
     import logging
     import signal
 
-    from gyre_env.bench import BenchConfig, run_bench
+    from gyre_env.bench.run import run_bench
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    cfg = BenchConfig(
-        env_id=args.env_id,
-        agent=args.agent,
-        tasks=args.tasks,
-        suite=args.suite,
-        repeats=args.repeats,
-        parallel=args.parallel,
-        model=args.model,
-        base_url=args.base_url,
-        api=args.api,
-        script=args.script,
-        out_dir=args.out,
-        store=args.store,
-        run=args.run,
-        time_limit_s=args.time_limit,
-        max_retries=args.max_retries,
-        max_steps=args.max_steps,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        progress=not args.no_progress,
-    )
+    cfg = config_from_args(args)
 
     def on_term(signum, frame):  # leave through the normal path: sandboxes get closed
         raise KeyboardInterrupt
