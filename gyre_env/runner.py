@@ -471,8 +471,8 @@ class Runner:
         ):
             result.outcome = "cancelled"
             return
-        if ctx.killed:  # past the hard time limit: nothing left to grade
-            result.outcome, result.reward_valid, result.score = "timeout", False, None
+        if ctx.killed:  # past the hard time limit: nothing left to grade, reward unknown
+            result.outcome, result.reward_valid, result.score = "killed", False, None
             result.message = f"closed {self.config.hard_kill_grace_s:.0f}s after the time limit"
             return
         if agent_result.reason == EndReason.MODEL_ERROR:

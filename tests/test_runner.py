@@ -4,6 +4,7 @@ the live waterlevel. No model is needed: the agents are scripted (gold solutions
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -190,3 +191,27 @@ def test_clock_nests_phases_and_rejects_unknown_ones():
     totals = clock.close()
     assert totals["model"] >= 0.05 and totals["tool"] < totals["model"]
     assert level.snapshot()["agent"] == 0 and level.snapshot()["tool"] == 0
+
+
+def test_episode_stuck_past_the_grace_is_killed_and_never_trained_on():
+    """Blocked in a tool call past its time limit and the grace: the runner closes its
+    env; nothing was graded, so the outcome is ``killed`` (reward unknown, not 0) and the
+    episode is left out of GRPO advantages."""
+    from gyre_env.trajectory.sampling import SampleConfig, group_advantages
+    from gyre_env.trajectory.tree import TokenTree
+
+    script = [{"name": "bash", "arguments": {"command": "sleep 60"}}]
+    runner = Runner(ScriptedAgent(script), RunnerConfig(time_limit_s=1, hard_kill_grace_s=1))
+    start = time.monotonic()
+    [result] = runner.run([_spec("stuck-1")])
+    assert time.monotonic() - start < 30
+    assert result.outcome == "killed" and not result.reward_valid and result.score is None
+    [info] = result.episode_infos(run="r")
+    assert info.outcome == "killed"
+    tree = TokenTree()
+    tree.episodes = {
+        "stuck-1": info,
+        "ok-1": dataclasses.replace(info, session="ok-1", outcome="failure", reward=0.0),
+        "ok-2": dataclasses.replace(info, session="ok-2", outcome="success", reward=1.0),
+    }
+    assert sorted(group_advantages(tree, SampleConfig())) == ["ok-1", "ok-2"]

@@ -27,7 +27,9 @@ def summarize(results: Sequence[EpisodeResult], wall_s: float | None = None) -> 
     times = {k: sum(r.times.get(k, 0.0) for r in results) for k in (*TIME_KEYS, "wall")}
     summary = {
         "episodes": len(results),
-        "completed": sum(1 for r in results if r.outcome not in ("infra_error", "cancelled")),
+        "completed": sum(
+            1 for r in results if r.outcome not in ("infra_error", "cancelled", "killed")
+        ),
         "valid": len(valid),
         "outcomes": dict(sorted(outcomes.items())),
         "end_reasons": dict(sorted(Counter(r.end_reason for r in results).items())),

@@ -19,7 +19,11 @@ An episode ends with one of ``OUTCOMES``:
 - ``infra_error``: a failure outside the agent's reach (dead sandbox, missing image, a
   grader that fails on the gold workspace too); ``reward_valid`` is False;
 - ``cancelled``: never from the env itself: the runner cancelled the episode (a stopped
-  run) and did not grade it.
+  run) and did not grade it;
+- ``killed``: never from the env itself: the episode did not stop within the runner's
+  grace after its time limit (blocked in a tool call), so the runner closed its env and
+  nothing was graded. Its reward is unknown, not 0: like ``infra_error`` and
+  ``cancelled`` it stays in the store and out of training.
 
 Training leaves ``infra_error`` and ``cancelled`` episodes out (``SampleConfig``).
 """
@@ -38,7 +42,7 @@ from gyre_env.scoring.junit import JUnitError, TestCase, TestCounts, parse_junit
 from gyre_env.scoring.rewards import GRID, REWARD_MODES, RewardTracker, quantize
 from gyre_env.scoring.visible import VisibleRun, run_visible_tests
 
-OUTCOMES = ("success", "failure", "timeout", "agent_error", "infra_error", "cancelled")
+OUTCOMES = ("success", "failure", "timeout", "agent_error", "infra_error", "cancelled", "killed")
 """Every way an episode ends (the one definition; the runner and the store use it)."""
 
 __all__ = [

@@ -19,9 +19,11 @@ The rule
    window) cannot be split without changing what its tokens attend to. With
    ``overflow="truncate"`` it is cut at the last node boundary that fits and the rest is
    counted in ``SampleStats.truncated_tokens``; with ``overflow="error"`` it raises.
-5. Episodes whose outcome is in ``exclude_outcomes`` (default ``infra_error``) stay in the
-   store but get no loss and are left out of units, except as context shared with others.
-   Timed-out episodes are trained on like any other: their completed calls are stored.
+5. Episodes whose outcome is in ``exclude_outcomes`` (default ``infra_error``,
+   ``cancelled``, ``killed``: never graded, reward unknown) stay in the store but get no
+   loss and are left out of units, except as context shared with others. Timed-out
+   episodes (graded at the limit) are trained on like any other: their completed calls
+   are stored.
 6. At most ``max_paths_per_episode`` (J_max) root-to-leaf paths of one episode are taken
    (its main branch first, then its longest other branches), so an episode that spawned
    many sub-agents or compactions cannot flood a batch.
@@ -57,9 +59,9 @@ class SampleConfig:
     """Divide advantages by the group's reward std (GRPO); off = Dr. GRPO style."""
     std_eps: float = 1e-6
     """Added to the std before dividing."""
-    exclude_outcomes: tuple[str, ...] = ("infra_error", "cancelled")
+    exclude_outcomes: tuple[str, ...] = ("infra_error", "cancelled", "killed")
     """Episode outcomes kept in the store but never trained on (an infrastructure failure;
-    an episode the runner cancelled, which was never graded)."""
+    an episode the runner cancelled, or closed past its time limit: never graded)."""
     overflow: Literal["truncate", "error"] = "truncate"
     """What to do with a single path longer than ``token_budget``."""
     max_paths_per_episode: int = 5
