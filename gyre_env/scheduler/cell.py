@@ -150,7 +150,7 @@ class Cell:
     async def prepare(self) -> None:
         """Bring a cell built in TRAINING to its role: the engine's memory is released."""
         if self.role is Role.TRAINING:
-            await self._stop_admitting()
+            await self.stop_admitting()
             await self.engine.release_memory()
 
     async def to_training(self, serving: Sequence[Cell] = ()) -> SwitchRecord:
@@ -159,7 +159,7 @@ class Cell:
         record = SwitchRecord(self.id, Role.TRAINING, time.monotonic())
         phases = _Phases(record)
         try:
-            await phases.run("stop_admitting", self._stop_admitting)
+            await phases.run("stop_admitting", self.stop_admitting)
             targets = [c.engine for c in serving if c is not self and c.role is Role.ROLLOUT]
             if targets:
                 record.migration = await phases.run("migrate", lambda: self._migrate(targets))
@@ -180,7 +180,7 @@ class Cell:
             await phases.run("offload", self.trainer.offload, blocking=True)
             await phases.run("resume", self.engine.resume_memory)
             await phases.run("load_weights", self.sync_engine)
-            await phases.run("admit", self._admit)
+            await phases.run("admit", self.admit)
         finally:
             self.switching = False
         self.role = Role.ROLLOUT
@@ -215,7 +215,7 @@ class Cell:
             raise RuntimeError(f"cell {self.id} is already in {to.name}")
         self.switching = True
 
-    async def _stop_admitting(self) -> None:
+    async def stop_admitting(self) -> None:
         if self.router is not None:
             await self.router.pause(self.name)
         else:
@@ -237,7 +237,7 @@ class Cell:
         self.trainer.onload()
         self.sync_trainer()
 
-    async def _admit(self) -> None:
+    async def admit(self) -> None:
         if self.router is not None:
             await self.router.resume(self.name)
         else:

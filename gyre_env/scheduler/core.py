@@ -107,12 +107,18 @@ class CoreStep:
         self.version = version
         """The version of the core's weights (optimizer steps taken)."""
 
-    def step(self, units: Sequence, satellites: Sequence = (), kind: str = "rl") -> dict:
+    def step(
+        self, units: Sequence, satellites: Sequence = (), kind: str = "rl", *, core_share=True
+    ) -> dict:
         """Split ``units`` over the core and ``satellites`` (trainers holding the core's
-        current weights), sum their gradients at the core, step; returns metrics."""
+        current weights), sum their gradients at the core, step; returns metrics.
+        ``core_share=False``: the core cell is serving, so only satellites compute (the
+        core still owns and applies the optimizer)."""
         torch = _torch()
         t0 = time.perf_counter()
-        trainers = [self.core, *satellites]
+        if not core_share and not satellites:
+            raise ValueError("a step needs the core's share or at least one satellite")
+        trainers = [self.core, *satellites] if core_share else list(satellites)
         shares = split_units(units, len(trainers))
         norm = sum(
             share_normalizer(t, s, kind, self.version)
@@ -125,7 +131,7 @@ class CoreStep:
             part = accumulate(trainer, share, kind, norm, self.version)
             sums = {k: sums[k] + part[k] for k in sums}
         with torch.no_grad():
-            for sat in satellites:
+            for sat in (t for t in trainers if t is not self.core):
                 for mine, theirs in zip(
                     self.core.model.parameters(), sat.model.parameters(), strict=True
                 ):

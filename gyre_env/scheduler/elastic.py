@@ -1,0 +1,406 @@
+"""The elastic driver: cells change roles at runtime as a policy object decides.
+
+Every ``decision_interval_s`` (and after each event: a group finished, a step ended, a
+switch finished) the driver builds an :class:`~gyre_env.scheduler.policy.Observation` of
+the real cells, exactly as the simulator does for its modelled ones, and applies the
+policy's :class:`~gyre_env.scheduler.policy.Decision`:
+
+- ``admit_groups``: GRPO groups start on the agents' slots (``Workload.run_group`` in a
+  thread each: episodes calling the model through the proxy);
+- ``switches``: a cell's timed switch (``Cell.to_training`` / ``to_rollout``) runs on the
+  proxy's event loop; a cell already switching or in the running step is left alone;
+- ``train_groups``: one optimizer step (``CoreStep``) over that many ready groups on the
+  TRAINING cells (cell 0 is the core and owns the optimizer); the new version is published
+  and every serving cell pulls it; a serving cell past the staleness bound is taken out of
+  routing until synced (``STALE_WEIGHTS_DETECTED``).
+
+The same policy objects drive ``gyre simulate`` (one implementation, two drivers). What
+the driver keeps: per-cell seconds by state (busy or idle, and why), the role timeline,
+the switch records, per-sample version lags and the step metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gyre_env.scheduler.cell import Cell
+from gyre_env.scheduler.core import CoreStep
+from gyre_env.scheduler.policy import Decision, Observation, Policy, Role, SwitchCosts
+from gyre_env.scheduler.versions import Heartbeat, HeartbeatConfig
+
+log = logging.getLogger(__name__)
+
+
+class Workload(Protocol):
+    """The agent work: what a group is, how it runs and what it trains on."""
+
+    def run_group(self, index: int):
+        """Run group ``index``'s episodes to the end (blocking; model calls go through the
+        proxy) and return the finished group."""
+        ...
+
+    def units(self, groups: list) -> list:
+        """Packed units (``PackedTree``) of finished groups for one optimizer step."""
+        ...
+
+    def tokens(self, group) -> int:
+        """Training tokens of a finished group."""
+        ...
+
+
+@dataclass(kw_only=True)
+class ElasticConfig:
+    """How the driver runs."""
+
+    steps: int = 4
+    """Optimizer steps to take, then stop."""
+    groups_per_step: int = 2
+    """The configured training batch, in groups."""
+    steps_per_iteration: int = 1
+    """Steps per rollout batch for the batch-synchronous policies (colocated, static)."""
+    agent_slots: int = 4
+    """Groups running at once."""
+    staleness_bound: int = 2
+    """Most versions a sample (and a serving cell) may lag the core."""
+    decision_interval_s: float = 0.05
+    train_tokens_per_s_prior: float = 2000.0
+    """One cell's training throughput until the first step measures it (the waterlevel
+    policy weighs training work in seconds against the switch cost)."""
+    heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
+    timeout_s: float = 1800.0
+    """Give up (RuntimeError) when the steps are not done by then."""
+
+
+class CallClock:
+    """A record sink measuring model calls (the policy's ``call_s``)."""
+
+    def __init__(self, window: int = 64):
+        self._seconds: collections.deque = collections.deque(maxlen=window)
+
+    def write(self, record) -> None:
+        t = record.timings or {}
+        self._seconds.append(float(t.get("prefill", 0.0)) + float(t.get("decode", 0.0)))
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    @property
+    def mean_s(self) -> float:
+        return sum(self._seconds) / len(self._seconds) if self._seconds else 1.0
+
+
+@dataclass
+class ElasticResult:
+    """What a run did."""
+
+    steps: list[dict] = field(default_factory=list)
+    switches: list = field(default_factory=list)
+    timeline: list[tuple[int, str, float, float]] = field(default_factory=list)
+    """(cell, state, start, end) seconds since the start; state ``rollout`` | ``training``
+    | ``switching``."""
+    seconds: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Per cell: seconds by ``rollout_busy``, ``rollout_idle``, ``training_busy``,
+    ``training_idle``, ``switching``."""
+    staleness: dict[int, int] = field(default_factory=dict)
+    """Sample version lag at training time -> loss tokens."""
+    wall_s: float = 0.0
+    groups_run: int = 0
+
+    def busy_fraction(self, cell: int) -> float:
+        s = self.seconds.get(cell, {})
+        total = sum(s.values())
+        return (s.get("rollout_busy", 0.0) + s.get("training_busy", 0.0)) / total if total else 0.0
+
+    def idle_fraction(self) -> float:
+        total = sum(sum(s.values()) for s in self.seconds.values())
+        idle = sum(
+            s.get("rollout_idle", 0.0) + s.get("training_idle", 0.0) for s in self.seconds.values()
+        )
+        return idle / total if total else 0.0
+
+
+class ElasticDriver:
+    """Runs a workload on cells under a policy (see the module docstring)."""
+
+    def __init__(
+        self,
+        cells: Sequence[Cell],
+        policy: Policy,
+        workload: Workload,
+        *,
+        call: Callable,
+        router,
+        config: ElasticConfig | None = None,
+        clock: CallClock | None = None,
+        costs: SwitchCosts | None = None,
+    ):
+        """``call(coro, timeout=...)`` runs a coroutine on the proxy's loop and waits
+        (``ProxyServer.call``); ``router``: the proxy's router."""
+        self.cells, self.policy, self.workload = list(cells), policy, workload
+        self.call, self.router = call, router
+        self.config = config or ElasticConfig()
+        self.clock = clock or CallClock()
+        self.costs = costs or cells[0].costs or SwitchCosts()
+        self.core = CoreStep(cells[0].trainer, version=cells[0].board.version)
+        self.heartbeat = Heartbeat(self.config.heartbeat)
+        self.result = ElasticResult()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._pending: collections.deque[int] = collections.deque()
+        self._running = 0
+        self._ready: list = []
+        self._started = self._trained = 0
+        self._step: concurrent.futures.Future | None = None
+        self._step_cells: set[int] = set()
+        self._switches: dict[int, concurrent.futures.Future] = {}
+        self._train_tokens_per_s = self.config.train_tokens_per_s_prior
+        self._t0 = time.monotonic()
+        self._since = {c.id: (self._state(c), 0.0) for c in self.cells}
+
+    # ---- the loop ---------------------------------------------------------------------
+    def run(self) -> ElasticResult:
+        """Decide and act until ``config.steps`` steps are done; returns the result."""
+        cfg = self.config
+        self._t0 = time.monotonic()
+        deadline = self._t0 + cfg.timeout_s
+        last = 0.0
+        with concurrent.futures.ThreadPoolExecutor(cfg.agent_slots, "gyre-agents") as agents:
+            self._agents = agents
+            while len(self.result.steps) < cfg.steps:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"elastic run: {len(self.result.steps)} of {cfg.steps} steps after {cfg.timeout_s:g}s"
+                    )
+                self._reap()
+                now = self._now()
+                self._account(now - last)
+                last = now
+                self._apply(self.policy.decide(self.observe()))
+                self._beat()
+                self._wake.wait(cfg.decision_interval_s)
+                self._wake.clear()
+            with self._lock:
+                self._pending.clear()  # admitted but not started: not run
+        self._finish()
+        return self.result
+
+    def _now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def observe(self) -> Observation:
+        """The cells as the policy sees them now."""
+        replicas = {r.name: r for r in self.router.replicas}
+        roles = tuple(c.role for c in self.cells)
+        switching = tuple(c.switching for c in self.cells)
+        in_flight = tuple(
+            replicas[c.name].inflight if c.role is Role.ROLLOUT else 0 for c in self.cells
+        )
+        capacity = tuple(c.engine.config.max_batch_size for c in self.cells)
+        version = self.core.version
+        rollout_cap = sum(
+            cap
+            for c, cap in zip(self.cells, capacity, strict=True)
+            if c.role is Role.ROLLOUT and not c.switching
+        )
+        with self._lock:
+            pending, running, ready = len(self._pending), self._running, list(self._ready)
+        cfg = self.config
+        return Observation(
+            time=self._now(), roles=roles, switching=switching, in_flight=in_flight,
+            capacity=capacity,
+            last_switch=tuple(c.last_switch - self._t0 for c in self.cells),
+            version_lag=tuple(version - c.weight_version for c in self.cells),
+            trainer_version=version, step_running=self._step is not None,
+            waterlevel=sum(in_flight) + self.router.waiting, queue=self.router.waiting,
+            rollout_capacity=rollout_cap, groups_started=self._started,
+            groups_pending=pending, groups_running=running, groups_ready=len(ready),
+            groups_trained=self._trained,
+            ready_tokens=sum(self.workload.tokens(g) for g in ready),
+            groups_per_step=cfg.groups_per_step,
+            groups_per_iteration=cfg.groups_per_step * cfg.steps_per_iteration,
+            steps_per_iteration=cfg.steps_per_iteration, staleness_bound=cfg.staleness_bound,
+            switch_costs=self.costs, call_s=self.clock.mean_s,
+            train_tokens_per_s=self._train_tokens_per_s,
+        )  # fmt: skip
+
+    def _apply(self, d: Decision) -> None:
+        for _ in range(d.admit_groups):
+            self._admit()
+        for s in d.switches:
+            cell = self.cells[s.cell]
+            if (
+                cell.switching
+                or cell.role is s.to
+                or s.cell in self._switches
+                or s.cell in self._step_cells
+            ):
+                continue
+            self._switch(cell, s.to)
+        if d.train_groups and self._step is None:
+            training = [c for c in self.cells if c.role is Role.TRAINING and not c.switching]
+            with self._lock:
+                take = self._ready[: d.train_groups]
+                del self._ready[: len(take)]
+            if training and take:
+                self._step_cells = {c.id for c in training}
+                self._step = self._start_step(training, take)
+
+    # ---- agents -----------------------------------------------------------------------
+    def _admit(self) -> None:
+        with self._lock:
+            index = self._started
+            self._started += 1
+            self._pending.append(index)
+        self._agents.submit(self._group, index)
+
+    def _group(self, index: int) -> None:
+        with self._lock:
+            if index not in self._pending:
+                return  # the run ended before it started
+            self._pending.remove(index)
+            self._running += 1
+        try:
+            group = self.workload.run_group(index)
+        finally:
+            with self._lock:
+                self._running -= 1
+        with self._lock:
+            self._ready.append(group)
+            self.result.groups_run += 1
+        self._wake.set()
+
+    # ---- switches and steps -------------------------------------------------------------
+    def _switch(self, cell: Cell, to: Role) -> None:
+        if to is Role.TRAINING:
+            coro = cell.to_training(serving=self.cells)
+        else:
+            coro = cell.to_rollout()
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop())
+        self._switches[cell.id] = future
+        future.add_done_callback(lambda _: self._wake.set())
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = getattr(self, "_proxy_loop", None)
+        if loop is None:
+            loop = self._proxy_loop = self.call(_running_loop())
+        return loop
+
+    def _start_step(self, training: list[Cell], groups: list) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(self._train(training, groups))
+            except BaseException as e:  # noqa: BLE001 - re-raised by _reap
+                future.set_exception(e)
+            self._wake.set()
+
+        threading.Thread(target=run, name="gyre-core-step", daemon=True).start()
+        return future
+
+    def _train(self, training: list[Cell], groups: list) -> dict:
+        units = self.workload.units(groups)
+        core = self.cells[0]
+        sats = [c for c in training if c is not core]
+        for c in sats:
+            c.sync_trainer()
+        self._count_lag(units)
+        metrics = self.core.step(units, [c.trainer for c in sats], core_share=core in training)
+        version = self.core.version
+        core.board.publish(version, dict(core.trainer.named_parameters()))
+        core.trainer_version = version
+        self._train_tokens_per_s = metrics["tokens_per_s"] / max(len(training), 1)
+        return {
+            **metrics,
+            "step": version,
+            "groups": len(groups),
+            "cells": sorted(c.id for c in training),
+        }
+
+    def _count_lag(self, units: list) -> None:
+        import numpy as np
+
+        for u in units:
+            lag = self.core.version - u.weight_versions[u.loss_mask]
+            for value, count in zip(*np.unique(lag, return_counts=True), strict=True):
+                self.result.staleness[int(value)] = self.result.staleness.get(int(value), 0) + int(
+                    count
+                )
+
+    def _reap(self) -> None:
+        """Collect finished switches and steps (errors are raised here)."""
+        for cell_id, future in list(self._switches.items()):
+            if future.done():
+                del self._switches[cell_id]
+                self.result.switches.append(future.result())
+        if self._step is not None and self._step.done():
+            step, self._step = self._step, None
+            self._step_cells = set()
+            metrics = step.result()
+            self._trained += metrics["groups"]
+            self.result.steps.append(metrics)
+            log.info(
+                "step %d on cells %s: loss %.4f", metrics["step"], metrics["cells"], metrics["loss"]
+            )
+            for c in self.cells:
+                if c.role is Role.ROLLOUT and not c.switching:
+                    asyncio.run_coroutine_threadsafe(c.sync_engine(), self._loop())
+
+    def _beat(self) -> None:
+        serving = {
+            c.id: c.weight_version for c in self.cells if c.role is Role.ROLLOUT and not c.switching
+        }
+        for cell_id in self.heartbeat.beat(self.core.version, serving):
+            cell = self.cells[cell_id]
+            self.call(_resync(cell), timeout=self.config.heartbeat.max_interval_s * 10)
+
+    # ---- accounting -----------------------------------------------------------------------
+    def _state(self, cell: Cell) -> str:
+        if cell.switching:
+            return "switching"
+        return "rollout" if cell.role is Role.ROLLOUT else "training"
+
+    def _account(self, dt: float) -> None:
+        now = self._now()
+        replicas = {r.name: r for r in self.router.replicas}
+        for c in self.cells:
+            secs = self.result.seconds.setdefault(c.id, collections.defaultdict(float))
+            state = self._state(c)
+            if state == "rollout":
+                busy = replicas[c.name].inflight > 0
+                secs["rollout_busy" if busy else "rollout_idle"] += dt
+            elif state == "training":
+                secs["training_busy" if c.id in self._step_cells else "training_idle"] += dt
+            else:
+                secs["switching"] += dt
+            prev, since = self._since[c.id]
+            if state != prev:
+                self.result.timeline.append((c.id, prev, since, now))
+                self._since[c.id] = (state, now)
+
+    def _finish(self) -> None:
+        now = self._now()
+        for c in self.cells:
+            prev, since = self._since[c.id]
+            self.result.timeline.append((c.id, prev, since, now))
+        self.result.seconds = {k: dict(v) for k, v in self.result.seconds.items()}
+        self.result.wall_s = now
+
+
+async def _running_loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_running_loop()
+
+
+async def _resync(cell: Cell) -> None:
+    """Out of routing, load the newest version, back in (STALE_WEIGHTS_DETECTED)."""
+    await cell.stop_admitting()
+    await cell.sync_engine()
+    await cell.admit()

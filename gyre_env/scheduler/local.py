@@ -1,0 +1,106 @@
+"""Cells on one machine: N embedded engines behind one proxy, N torch trainers, one board.
+
+``LocalCells`` builds what the elastic driver runs on when there is no Ray: every cell
+an engine (a replica of the proxy's router) and a trainer object of the same model in
+this process; cell 0 is the core (its trainer owns the optimizer). Roles start as the
+policy asks (``initial_roles(n)`` when it has one, else all ROLLOUT).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gyre_env.scheduler.cell import Cell, SwitchConfig
+from gyre_env.scheduler.policy import Role, SwitchCosts
+from gyre_env.scheduler.versions import WeightBoard
+
+
+@dataclass(kw_only=True)
+class LocalCellsConfig:
+    """The cells' engines and trainers."""
+
+    cells: int = 2
+    max_batch_size: int = 16
+    """Concurrent requests one cell serves (its ``capacity`` for the policy)."""
+    context_length: int | None = None
+    switch_prior_s: float = 0.1
+    """Prior of each switch direction until measured (the published 8.52 s / 3.46 s are
+    GPU-cluster figures; the tiny model on a CPU switches in tens of milliseconds)."""
+    switch: SwitchConfig | None = None
+
+
+class LocalCells:
+    """Build with :meth:`open`, use ``cells`` / ``proxy``, then :meth:`close`."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        tokenizer,
+        config: LocalCellsConfig,
+        *,
+        sink=None,
+        trainer_factory=None,
+        proxy_config=None,
+    ):
+        """``trainer_factory(model_dir)``: a trainer per cell (default ``TorchTrainer``)."""
+        self.model_dir, self.tokenizer, self.config = Path(model_dir), tokenizer, config
+        self.sink, self.trainer_factory, self.proxy_config = sink, trainer_factory, proxy_config
+        self.cells: list[Cell] = []
+        self.proxy = None
+        self.costs = SwitchCosts(
+            to_training_s=config.switch_prior_s, to_rollout_s=config.switch_prior_s
+        )
+        self.board = WeightBoard()
+
+    def open(self, initial_roles: list[Role] | None = None) -> LocalCells:
+        from gyre_env.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
+        from gyre_env.proxy.server import ProxyConfig, ProxyServer
+
+        cfg = self.config
+        if cfg.cells < 1:
+            raise ValueError(f"cells must be >= 1, got {cfg.cells}")
+        make_trainer = self.trainer_factory or _torch_trainer
+        engines = [
+            EmbeddedEngine(
+                EmbeddedEngineConfig(
+                    model_path=str(self.model_dir),
+                    name=f"cell{i}",
+                    max_batch_size=cfg.max_batch_size,
+                    context_length=cfg.context_length,
+                )
+            )  # fmt: skip
+            for i in range(cfg.cells)
+        ]
+        self.proxy = ProxyServer(
+            self.proxy_config or ProxyConfig(probe_interval_s=0.02, ping_interval_s=1.0),
+            engines=engines, tokenizer=self.tokenizer, sink=self.sink,
+        ).start()  # fmt: skip
+        roles = initial_roles or [Role.ROLLOUT] * cfg.cells
+        for i, engine in enumerate(engines):
+            cell = Cell(
+                i, engine, make_trainer(self.model_dir), board=self.board,
+                router=self.proxy.core.router, costs=self.costs, config=cfg.switch, role=roles[i],
+            )  # fmt: skip
+            self.cells.append(cell)
+            self.proxy.call(cell.prepare())
+        return self
+
+    def close(self) -> None:
+        if self.proxy is not None:
+            self.proxy.stop()
+            self.proxy = None
+        for cell in self.cells:
+            cell.engine.close()
+
+    def __enter__(self) -> LocalCells:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _torch_trainer(model_dir: Path):
+    from gyre_env.trainers.torch_backend import TorchTrainer
+
+    return TorchTrainer(model_dir)

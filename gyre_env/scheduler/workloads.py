@@ -1,0 +1,128 @@
+"""A scheduling workload that needs no sandbox: agents alternate model calls through the
+proxy with tool calls whose time is waiting.
+
+Each episode of a group is a chat session: ``turns`` model calls over HTTP, each followed
+by an injected ``tool_delay_s`` sleep (a tool that waits: on a CPU machine a real tool
+would compete with the cells for the cores, and the measurement is about scheduling).
+Its reward is the share of even token ids it sampled (a signal the policy can learn, so
+advantages are not all zero). Records come from the proxy's sink (:class:`RecordBook`);
+a finished group is its token tree, trained on as packed units.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+
+from gyre_env.scheduler.elastic import CallClock
+
+
+class RecordBook:
+    """The proxy's record sink: keeps each session's records and times every call."""
+
+    def __init__(self, clock: CallClock | None = None):
+        self.clock = clock or CallClock()
+        self._lock = threading.Lock()
+        self._by_session: dict[str, list] = collections.defaultdict(list)
+
+    def write(self, record) -> None:
+        with self._lock:
+            self._by_session[record.session].append(record)
+        self.clock.write(record)
+
+    def take(self, session: str) -> list:
+        with self._lock:
+            return self._by_session.pop(session, [])
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+@dataclass(kw_only=True)
+class ToolLoopConfig:
+    """The shape of the agents' work."""
+
+    group_size: int = 4
+    """Episodes per GRPO group."""
+    turns: int = 3
+    """Model calls per episode, each followed by a tool call."""
+    max_tokens: int = 16
+    tool_delay_s: float = 0.5
+    """Injected wait of each tool call (seconds)."""
+    temperature: float = 1.0
+    token_budget: int = 4096
+    """Tokens per packed training unit."""
+
+
+@dataclass
+class Group:
+    index: int
+    trees: list
+    rewards: list[float] = field(default_factory=list)
+    tokens: int = 0
+    wall_s: float = 0.0
+
+
+class ToolLoopWorkload:
+    """``Workload`` of chat sessions with waiting tool calls (see the module docstring)."""
+
+    def __init__(self, base_url, book: RecordBook, config: ToolLoopConfig | None = None):
+        """``base_url(session)``: the proxy's OpenAI base URL for a session."""
+        self.base_url, self.book = base_url, book
+        self.config = config or ToolLoopConfig()
+
+    def run_group(self, index: int) -> Group:
+        from gyre_env.trajectory.tree import EpisodeInfo, build_trees
+
+        t0 = time.monotonic()
+        sessions = [f"g{index}.e{k}" for k in range(self.config.group_size)]
+        asyncio.run(self._episodes(sessions))
+        records, infos, rewards = [], [], []
+        for s in sessions:
+            recs = self.book.take(s)
+            ids = [t for r in recs for t in r.output_ids]
+            reward = sum(t % 2 == 0 for t in ids) / max(len(ids), 1)
+            rewards.append(reward)
+            records += recs
+            infos.append(
+                EpisodeInfo(session=s, group=f"g{index}", outcome="success", reward=reward)
+            )
+        trees = build_trees(records, infos)
+        tokens = sum(len(r.prompt_ids) + len(r.output_ids) for r in records)
+        return Group(index, trees, rewards, tokens, time.monotonic() - t0)
+
+    async def _episodes(self, sessions: list[str]) -> None:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=600) as client:
+            await asyncio.gather(*(self._episode(client, s) for s in sessions))
+
+    async def _episode(self, client, session: str) -> None:
+        cfg = self.config
+        messages = [{"role": "user", "content": f"{session}: list the files, then fix the test."}]
+        body = {"model": "m", "max_tokens": cfg.max_tokens, "temperature": cfg.temperature}
+        for turn in range(cfg.turns):
+            r = await client.post(
+                self.base_url(session) + "/chat/completions", json={**body, "messages": messages}
+            )
+            r.raise_for_status()
+            text = r.json()["choices"][0]["message"].get("content") or ""
+            await asyncio.sleep(cfg.tool_delay_s)  # the tool call: waiting, not computing
+            messages += [
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": f"tool output {turn}: ok"},
+            ]
+
+    def units(self, groups: list[Group]) -> list:
+        from gyre_env.trajectory.packing import pack
+        from gyre_env.trajectory.sampling import SampleConfig, bounded_samples
+
+        trees = [t for g in groups for t in g.trees]
+        units, _ = bounded_samples(trees, SampleConfig(token_budget=self.config.token_budget))
+        return [pack(u) for u in units]
+
+    def tokens(self, group: Group) -> int:
+        return group.tokens
