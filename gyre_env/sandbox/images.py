@@ -492,6 +492,11 @@ def _cmd_build(args) -> int:
     if args.suite is None and (args.option or args.task):
         print("gyre images build: -o/--task need --suite", file=sys.stderr)
         return 2
+    tasks = None
+    if args.suite is not None:  # bad suite options fail here, before any build
+        from gyre_env.tasks.cli import load_tasks_from_args
+
+        tasks = load_tasks_from_args(args, prog="gyre images build")
     try:
         build_base_image(
             args.tag,
@@ -504,12 +509,12 @@ def _cmd_build(args) -> int:
     except (ImageBuildError, ValueError, ImportError) as e:
         print(f"gyre images build: {e}", file=sys.stderr)
         return 1
-    if args.suite is None:
-        return 0
-    from gyre_env.sandbox.task_images import build_task_images
-    from gyre_env.tasks.cli import load_tasks_from_args
+    return 0 if tasks is None else _build_suite(args, tasks)
 
-    tasks = load_tasks_from_args(args)
+
+def _build_suite(args, tasks) -> int:
+    from gyre_env.sandbox.task_images import build_task_images
+
     print(f"{len(tasks)} task(s) of suite {args.suite}; building their images on {args.tag}")
     try:
         results = build_task_images(

@@ -62,7 +62,8 @@ def add_option_arg(p) -> None:
     )
 
 
-def load_tasks_from_args(args) -> list:
+def load_tasks_from_args(args, prog: str = "gyre tasks") -> list:
+    """The tasks ``--suite``/``-o``/``--task``/``--tier`` select; bad input exits naming it."""
     from gyre_env.tasks.registry import UnknownNameError, get_task, load_suite
     from gyre_env.tasks.task import TaskFormatError
 
@@ -70,7 +71,7 @@ def load_tasks_from_args(args) -> list:
     for item in args.option:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"gyre tasks: --option needs KEY=VALUE, got {item!r}")
+            raise SystemExit(f"{prog}: --option needs KEY=VALUE, got {item!r}")
         options[key] = value
     try:
         tasks = load_suite(args.suite, **options)
@@ -80,7 +81,7 @@ def load_tasks_from_args(args) -> list:
             # get_task only for a missing id: it raises with a did-you-mean hint
             tasks = [by_id.get(i) or get_task(i, args.suite, **options) for i in wanted]
     except (UnknownNameError, TaskFormatError, TypeError) as e:
-        raise SystemExit(f"gyre tasks: error: {e}") from e
+        raise SystemExit(f"{prog}: error: {e}") from e
     if args.tier:
         tasks = [t for t in tasks if t.tier == args.tier]
     return tasks
