@@ -222,6 +222,9 @@ class SimConfig:
     step is running (a replay of a run's iterations ends there)."""
     decision_interval_s: float = 1.0
     """Policies decide after each phase event and at least this often."""
+    resolution_s: float = 1.0
+    """Longest round of episode events (:mod:`gyre_env.scheduler.rounds`): smaller is closer
+    to an event-by-event run and slower; control events are always exact."""
     gantt_max_segments: int = 20000
     """Role segments kept for the Gantt chart (0: none)."""
     cells: CellConfig = field(default_factory=CellConfig)
@@ -244,6 +247,8 @@ def load_sim_config(path: str | Path) -> SimConfig:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: {e}") from e
     cfg = from_dict(SimConfig, data)
+    if not cfg.resolution_s > 0:
+        raise ConfigError("resolution_s: must be > 0")
     if cfg.workload.trace and not Path(cfg.workload.trace).is_absolute():
         cfg.workload.trace = str((path.parent / cfg.workload.trace).resolve())
     if cfg.workload.source == "trace" and not cfg.workload.trace:

@@ -25,6 +25,7 @@ request capacity of the cells serving rollouts.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -147,21 +148,36 @@ class Observation:
     train_tokens_per_s: float
     """Measured training throughput of one cell (tokens/s)."""
 
+    in_step: tuple[bool, ...] = ()
+    """Cells computing the running step (empty: not reported; then every settled training
+    cell counts as in it while ``step_running``)."""
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)
+    """Answers of the helpers below, which read ``roles`` and ``switching`` only: a driver
+    may hand the same dict to successive observations while those two stay the same."""
+
     @property
     def n_cells(self) -> int:
         return len(self.roles)
 
     def cells(self, role: Role, *, settled: bool = True) -> list[int]:
-        """Cell ids in ``role``; ``settled``: only those not switching."""
-        return [
-            i
-            for i, (r, s) in enumerate(zip(self.roles, self.switching, strict=True))
-            if r is role and not (settled and s)
-        ]
+        """Cell ids in ``role``; ``settled``: only those not switching (a fresh list)."""
+        key = ("cells", role, settled)
+        if key not in self._memo:
+            self._memo[key] = [
+                i
+                for i, (r, s) in enumerate(zip(self.roles, self.switching, strict=True))
+                if r is role and not (settled and s)
+            ]
+        return list(self._memo[key])
 
     def switching_to(self, role: Role) -> int:
         """Cells switching towards ``role``."""
-        return sum(s and r is not role for r, s in zip(self.roles, self.switching, strict=True))
+        key = ("to", role)
+        if key not in self._memo:
+            self._memo[key] = sum(
+                s and r is not role for r, s in zip(self.roles, self.switching, strict=True)
+            )
+        return self._memo[key]
 
 
 class Policy(Protocol):
@@ -182,21 +198,30 @@ def staleness_admits(obs: Observation, eta: int) -> int:
 
 @dataclass(kw_only=True)
 class WaterlevelPolicy:
-    """Gyre's elastic policy: cells follow the waterlevel of agent work.
+    """Gyre's elastic policy: cells follow the waterlevel of agent work, and training takes
+    cells only when there is a step for them to run.
 
-    - ROLLOUT -> TRAINING, one cell at a time, while ``w(t) <= C_R(t) - C_e`` (the requests
-      in flight would still fit without one cell) and there is training work;
-    - TRAINING -> ROLLOUT when ``w(t) > C_R(t)`` (requests queue for a slot);
-    - an empty system (no calls at all) sends every cell but ``min_rollout_cells`` to
-      training when there is training work;
-    - a switch happens only when its expected gain beats the measured switch cost times
-      ``gain_margin``, and a cell stays ``min_dwell_factor`` x its switch cost in a role;
+    *Training work* is a full batch (``groups_per_step`` groups) ready, or due before a
+    cell moved now would finish its switch (the policy measures the rate at which groups
+    finish). Then:
+
+    - ROLLOUT -> TRAINING one cell at a time while ``w(t) <= C_R(t) - C_e`` (the requests
+      in flight would still fit without one cell); an empty system (no calls at all) sends
+      every cell but ``min_rollout_cells``;
+    - when a step can start, the training side is brought to the cells the step wants
+      (``training_cells_wanted``: all spare cells when admissions wait on the trainer,
+      else those that finish the batch by the time the next one is due);
+    - a step waits for the cells on their way to training, then starts on all of them;
+    - TRAINING -> ROLLOUT for training cells left without a step when ``w(t) > C_R(t)``
+      (requests queue for a slot), as many as the queue fills, while no batch is due;
+    - every switch must gain more than the measured switch cost times ``gain_margin``, and
+      a cell stays ``min_dwell_factor`` x its switch cost in a role;
     - rollouts are admitted within the staleness bound (``obs.staleness_bound``);
-    - under low load the training batch grows up to ``max_batch_growth`` x the configured
-      batch instead of leaving training cells idle.
+    - under low load (no queue) a step takes up to ``max_batch_growth`` x the configured
+      batch of what is ready instead of leaving the rollout slots idle.
 
     Source: the elastic RL design for long-horizon agents (2026) this project follows; the
-    switch-cost gate and batch growth are Gyre's.
+    switch-cost gate, the batch-sized training side and batch growth are Gyre's.
     """
 
     name: str = "waterlevel"
@@ -205,60 +230,108 @@ class WaterlevelPolicy:
     """Switch only when expected gain > margin x switch cost."""
     min_dwell_factor: float = 1.0
     max_batch_growth: float = 2.0
-    _last_move: float = field(default=float("-inf"), repr=False)
+    max_switch_overhead: float = 0.1
+    """Largest share of a moved cell's step work that its switch round trip may cost."""
+    _finished: list = field(default_factory=list, repr=False)
+    """(time, groups finished so far) each time that count changed, the last 64."""
 
     def decide(self, obs: Observation) -> Decision:
+        self._observe(obs)
         admit = staleness_admits(obs, obs.staleness_bound)
         switches = self._switches(obs)
-        return Decision(switches=switches, admit_groups=admit, train_groups=_train_now(obs, self))
+        return Decision(switches=switches, admit_groups=admit, train_groups=self._train_now(obs))
+
+    # ---- what the policy measures ---------------------------------------------------------
+    def _observe(self, obs: Observation) -> None:
+        done = obs.groups_ready + obs.groups_trained
+        if not self._finished or done != self._finished[-1][1]:
+            self._finished.append((obs.time, done))
+            del self._finished[:-64]
+
+    def group_rate(self, obs: Observation) -> float:
+        """Groups finished per second over the recent window (0: not known yet)."""
+        if len(self._finished) < 2:
+            return 0.0
+        (t0, n0), (_, n1) = self._finished[0], self._finished[-1]
+        return (n1 - n0) / (obs.time - t0) if obs.time > t0 else 0.0
+
+    def batch_due_s(self, obs: Observation) -> float:
+        """Seconds until a full batch is ready (0: it is; inf: no estimate)."""
+        missing = obs.groups_per_step - obs.groups_ready
+        if missing <= 0:
+            return 0.0
+        rate = self.group_rate(obs)
+        return missing / rate if rate > 0 else math.inf
+
+    def training_cells_wanted(self, obs: Observation) -> int:
+        """Cells for the next step, no more than keep each one's switch round trip under
+        ``max_switch_overhead`` of its share of the step:
+
+        - every spare cell when admissions wait on the trainer (the staleness bound is
+          reached: the step is on the rollouts' critical path);
+        - else enough to finish the batch by the time the next one is due (all spare cells
+          while that is unknown), and at least the cells whose slots are idle now."""
+        per_group = obs.ready_tokens / obs.groups_ready if obs.groups_ready else 0.0
+        work = per_group * obs.groups_per_step / max(obs.train_tokens_per_s, 1e-9)  # cell-s
+        spare = max(1, obs.n_cells - self.min_rollout_cells)
+        amortised = int(work * self.max_switch_overhead / max(obs.switch_costs.round_trip_s, 1e-9))
+        rate = self.group_rate(obs)
+        if staleness_admits(obs, obs.staleness_bound) == 0 or rate <= 0:
+            wanted = spare
+        else:
+            c_e = max(obs.capacity, default=1) or 1
+            idle_now = (obs.rollout_capacity - obs.waterlevel) // c_e
+            wanted = max(math.ceil(work * rate / obs.groups_per_step), idle_now)
+        return max(1, min(spare, amortised, wanted))
+
+    # ---- the switches -------------------------------------------------------------------------
+    def _idle_training(self, obs: Observation) -> list[int]:
+        training = obs.cells(Role.TRAINING)
+        if not obs.step_running:
+            return training
+        return [i for i in training if obs.in_step and not obs.in_step[i]]
 
     def _switches(self, obs: Observation) -> tuple[Switch, ...]:
         costs = obs.switch_costs
         rollout = obs.cells(Role.ROLLOUT)
-        training = obs.cells(Role.TRAINING)
-        c_e = max(obs.capacity[i] for i in rollout) if rollout else 0
-        w, c_r = obs.waterlevel, obs.rollout_capacity
-        if w > c_r and training and obs.switching_to(Role.ROLLOUT) == 0:
-            cell = self._pick(obs, training, Role.ROLLOUT)
-            # gain: how long the queue would take to drain at the present capacity
-            gain = obs.queue * obs.call_s / max(c_r, 1)
-            if cell is not None and gain > self.gain_margin * costs.mean(Role.ROLLOUT):
-                return (Switch(cell, Role.ROLLOUT),)
+        w, c_r, c_e = obs.waterlevel, obs.rollout_capacity, max(obs.capacity, default=0)
+        due = self.batch_due_s(obs) <= costs.mean(Role.TRAINING)
+        idle = self._idle_training(obs)
+        if w > c_r and idle and not due and obs.switching_to(Role.ROLLOUT) == 0:
+            gain = obs.queue * obs.call_s / max(c_r, 1)  # the queue's drain time now
+            if gain > self.gain_margin * costs.mean(Role.ROLLOUT):
+                want = math.ceil(obs.queue / max(c_e, 1))
+                return self._moves(obs, idle, Role.ROLLOUT, want)
             return ()
-        work_s = self._training_work_s(obs)
-        if len(rollout) <= self.min_rollout_cells or work_s <= 0:
+        spare = len(rollout) - self.min_rollout_cells
+        if not due or spare <= 0:
             return ()
-        if obs.switching_to(Role.TRAINING) and w > 0:
-            return ()  # one at a time while agents are active
-        if w <= c_r - c_e and work_s > self.gain_margin * costs.round_trip_s:
-            if w == 0 and obs.queue == 0:
-                spare = len(rollout) - self.min_rollout_cells
-                picks = sorted(rollout, key=lambda i: obs.in_flight[i])[:spare]
-            else:
-                picks = [self._pick(obs, rollout, Role.TRAINING)]
-            return tuple(Switch(i, Role.TRAINING) for i in picks if i is not None)
-        return ()
+        if w == 0 and obs.queue == 0:  # an empty system
+            return self._moves(obs, rollout, Role.TRAINING, spare)
+        have = len(obs.cells(Role.TRAINING, settled=False))
+        want = self.training_cells_wanted(obs) - have
+        if want <= 0 and w <= c_r - c_e and not obs.switching_to(Role.TRAINING):
+            want = 1  # low water: one more cell
+        return self._moves(obs, rollout, Role.TRAINING, min(want, spare)) if want > 0 else ()
 
-    def _pick(self, obs: Observation, cells: list[int], to: Role) -> int | None:
-        """The least loaded cell that has dwelt long enough in its role."""
+    def _moves(self, obs: Observation, cells: list[int], to: Role, n: int) -> tuple:
+        """Up to ``n`` of ``cells`` to ``to``, least loaded first, among those that have
+        dwelt long enough in their role."""
         dwell = self.min_dwell_factor * obs.switch_costs.mean(to)
         ok = [i for i in cells if obs.time - obs.last_switch[i] >= dwell]
-        return min(ok, key=lambda i: obs.in_flight[i]) if ok else None
+        if n < len(ok):
+            ok = sorted(ok, key=lambda i: obs.in_flight[i])[:n]
+        return tuple(Switch(i, to) for i in ok)
 
-    def _training_work_s(self, obs: Observation) -> float:
-        """Seconds of work one more training cell would find: ready tokens at one cell's
-        throughput, shared with the cells already training."""
-        n_train = len(obs.cells(Role.TRAINING, settled=False)) + 1
-        if obs.train_tokens_per_s <= 0:
-            return 0.0
-        return obs.ready_tokens / (obs.train_tokens_per_s * n_train)
-
-
-def _train_now(obs: Observation, policy: WaterlevelPolicy) -> int:
-    if obs.step_running or not obs.cells(Role.TRAINING) or obs.groups_ready == 0:
-        return 0
-    if obs.groups_ready >= obs.groups_per_step:
-        growth = int(obs.groups_per_step * policy.max_batch_growth)
+    # ---- the step -----------------------------------------------------------------------------
+    def _train_now(self, obs: Observation) -> int:
+        if obs.step_running or obs.groups_ready < obs.groups_per_step:
+            return 0
+        settled = len(obs.cells(Role.TRAINING))
+        if not settled:
+            return 0
+        if obs.switching_to(Role.TRAINING) and settled < self.training_cells_wanted(obs):
+            return 0  # the cells on their way join this step
+        growth = int(obs.groups_per_step * self.max_batch_growth)
         # low load (no queue): take what is ready up to the grown batch
         return min(obs.groups_ready, growth if obs.queue == 0 else obs.groups_per_step)
-    return 0

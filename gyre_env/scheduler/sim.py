@@ -15,8 +15,12 @@ The model:
 - **A step** trains the groups the policy names on every settled TRAINING cell, then
   publishes the weights; rollout cells serve the new version from then on.
 
-Every second of every cell is accounted to one state (``STATES``), so the fractions sum to
-one. Same config, seed and policy: same result.
+Time advances in rounds (:mod:`gyre_env.scheduler.rounds`): the episodes' calls, tools and
+endings are handled in numpy over rounds of at most ``resolution_s``, and the control
+events (policy ticks, a group finishing, switches and steps ending) on a heap at their
+exact times, each one followed by the policy's decision as before. Every second of every
+cell is accounted to one state (``STATES``), so the fractions sum to one. Same config, seed
+and policy: same result.
 """
 
 from __future__ import annotations
@@ -25,78 +29,26 @@ import heapq
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from gyre_env.scheduler.config import SimConfig
 from gyre_env.scheduler.policy import Decision, Observation, Policy, Role, SwitchCosts
-
-STATES = (
-    "rollout/serving",
-    "rollout/idle:agents_in_tools",
-    "rollout/idle:no_episodes",
-    "training/step",
-    "training/sync",
-    "training/idle:no_batch",
-    "switching",
+from gyre_env.scheduler.rounds import (
+    CALL,
+    FREE,
+    QUEUED,
+    SCORE,
+    WAIT,
+    EpisodeTable,
+    free_slots,
+    rolling_mean,
+    serving_sweep,
 )
-"""Where a cell's time goes. ``agents_in_tools``: episodes run but none waits on this cell;
-``no_episodes``: the policy holds rollouts back (a barrier or the staleness bound)."""
-_GANTT = {s: s.split("/")[0].split(":")[0] for s in STATES}
-_GANTT.update({"training/idle:no_batch": "training idle", "training/sync": "training"})
-(_ARRIVE, _DONE, _EP_DONE, _STEP_COMPUTED, _STEP_DONE, _SWITCHED, _TICK) = range(7)
+from gyre_env.scheduler.simresult import STATES, SimResult
 
-
-@dataclass
-class SimResult:
-    """What one policy run gave. Times in seconds of simulated time."""
-
-    policy: str
-    duration_s: float
-    cells: int
-    steps: int
-    trained_samples: int
-    trained_tokens: int
-    state_seconds: dict[str, float]
-    staleness: dict[int, int]
-    dropped_stale: int
-    filtered_groups: int
-    switches: int
-    migrations: int
-    rdma_transfer_failed: int
-    step_end_times: list[float]
-    slot_utilisation: float
-    """Time-weighted share of rollout slots in use while cells are in ROLLOUT."""
-    events: int
-    wall_s: float
-    gantt: list[tuple[int, float, float, str]] = field(default_factory=list)
-    params: dict = field(default_factory=dict)
-
-    @property
-    def samples_per_hour(self) -> float:
-        return self.trained_samples * 3600.0 / self.duration_s if self.duration_s else 0.0
-
-    @property
-    def tokens_per_hour(self) -> float:
-        return self.trained_tokens * 3600.0 / self.duration_s if self.duration_s else 0.0
-
-    def fractions(self) -> dict[str, float]:
-        total = self.cells * self.duration_s
-        return {k: v / total for k, v in self.state_seconds.items()} if total else {}
-
-    def busy_fraction(self) -> dict[str, float]:
-        f = self.fractions()
-        return {
-            "rollout": f.get("rollout/serving", 0.0),
-            "training": f.get("training/step", 0.0) + f.get("training/sync", 0.0),
-        }
-
-    def idle_fraction(self) -> float:
-        return sum(v for k, v in self.fractions().items() if "idle" in k or k == "switching")
-
-    def time_to_steps(self, n: int) -> float | None:
-        return self.step_end_times[n - 1] if len(self.step_end_times) >= n else None
+(_GROUP_DONE, _STEP_COMPUTED, _STEP_DONE, _SWITCHED, _TICK) = range(5)
+"""Control events: each ends a round and is handled at its exact time."""
 
 
 class Simulation:
@@ -109,44 +61,42 @@ class Simulation:
         c = cfg.cells
         n = c.count
         self.rng = np.random.default_rng([cfg.seed, 7])
+        self.resolution = cfg.resolution_s
         self.t = 0.0
         self._heap: list = []
         self._seq = 0
-        self.events = 0
+        self.events = self.rounds = 0
         self.role = list(roles) if roles is not None else [Role.ROLLOUT] * n
         self.switching = [False] * n
         self.switch_started = [0.0] * n
-        self.in_flight = [0] * n
-        self.cap = [c.max_concurrent] * n
+        self.load = np.zeros(n, np.int64)
+        self.cap = np.full(n, c.max_concurrent, np.int64)
         self.last_switch = [-math.inf] * n
-        self.version = [0] * n
+        self.version = np.zeros(n, np.int64)
         self._call_model = (
             c.prefill_tokens_per_s, c.decode_tokens_per_s, c.batch_slowdown,
             c.context_halfspeed_tokens,
         )  # fmt: skip
-        self.state = [""] * n
-        self.since = [0.0] * n
         self.seconds = dict.fromkeys(STATES, 0.0)
         self.gantt: list[tuple[int, float, float, str]] = []
         self._gantt_open = [("", 0.0)] * n
-        self._slot_s = 0.0
-        self._slot_cap_s = 0.0
-        self._slot_last = [0.0] * n
-        self._free: list[tuple[int, int]] = []  # (load, cell) heap, lazily invalidated
-        self.queue: deque = deque()  # (episode id, fixed duration or None)
-        self.waterlevel = 0
-        self.calls: dict[int, list] = {}  # call id -> [episode, cell, finish, token]
-        self._next_call = 0
-        self.live: dict[int, list] = {}  # episode id -> [Episode, turn, context, min version]
+        self._slot_s = self._slot_cap_s = 0.0
+        self._ev: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._load0 = self.load.copy()
+        self.tab = EpisodeTable(cfg.workload.max_concurrent_episodes)
+        self.n_calls = self.n_queued = self.served = 0
+        self._front = -1e18  # queue keys of migrated calls: before any arrival
         self.pending: deque = deque()  # (group, k)
         self.running_eps = 0
         self.group_left: dict[int, int] = {}
+        self.group_end: dict[int, float] = {}
+        self.group_eps: dict[int, list] = {}
         self.group_started = 0
         self.groups_pending: dict[int, int] = {}
         self.groups_running = 0
         self.group_versions: dict[int, list[int]] = {}
         self.group_info: dict[int, tuple[bool, int, int]] = {}  # trained?, tokens, episodes
-        self.ready: deque = deque()  # (group, tokens, [min versions])
+        self.ready: deque = deque()  # (group, tokens, [min versions], episodes)
         self.ready_tokens = 0
         self.groups_trained = 0
         self.trainer_version = 0
@@ -160,10 +110,15 @@ class Simulation:
         self.trained_samples = self.trained_tokens = 0
         self.staleness: dict[int, int] = {}
         self.step_end_times: list[float] = []
+        self._obs_cells: tuple | None = None
+        self._refresh()
         for i in range(n):
-            self._account(i)
-            if self.role[i] is Role.ROLLOUT:
-                heapq.heappush(self._free, (0, i))
+            self._gantt_mark(i, self._label(i))
+
+    @property
+    def waterlevel(self) -> int:
+        """Model calls dispatched and not finished: served plus queued."""
+        return self.n_calls + self.n_queued
 
     # ---- the event loop -----------------------------------------------------------
     def _at(self, t: float, kind: int, a=0) -> None:
@@ -175,111 +130,172 @@ class Simulation:
         cfg = self.cfg
         end, max_steps, max_groups = cfg.duration_s, cfg.max_steps, cfg.max_groups
         self._at(0.0, _TICK)
-        heap, pop = self._heap, heapq.heappop
-        handlers = (
-            self._arrive, self._done, self._episode_done, self._step_computed,
-            self._step_done, self._switched, self._tick,
-        )  # fmt: skip
-        while heap and heap[0][0] <= end:
-            t, _, kind, a = pop(heap)
-            self.t = t
-            self.events += 1
-            handlers[kind](a)
-            if max_steps is not None and len(self.step_end_times) >= max_steps:
-                end = t
-                break
-            if max_groups is not None and self.groups_trained >= max_groups:
-                if not self.step_cells:
-                    end = t
+        heap, pop, tab, res = self._heap, heapq.heappop, self.tab, self.resolution
+        handlers = (self._group_done, self._step_computed, self._step_done, self._switched)
+        handlers += (self._tick,)
+        while True:
+            top = heap[0][0]
+            limit = min(top, end)
+            nxt = float(tab.t.min())
+            self._round(min(limit, nxt + res) if nxt < limit else limit)
+            if self.t < top or top > end:
+                if self.t >= end:
                     break
-        self.t = end
+                continue
+            stop = False
+            while heap and heap[0][0] <= self.t:
+                _, _, kind, a = pop(heap)
+                self.events += 1
+                handlers[kind](a)
+                stop = (max_steps is not None and len(self.step_end_times) >= max_steps) or (
+                    max_groups is not None
+                    and self.groups_trained >= max_groups
+                    and not self.step_cells
+                )
+                if stop:
+                    break
+            if stop:
+                end = self.t
+                break
         return self._result(end, time.perf_counter() - start)
 
     def _tick(self, _a) -> None:
         self._decide()
         self._at(self.t + self.cfg.decision_interval_s, _TICK)
 
-    # ---- calls ------------------------------------------------------------------------
-    def _arrive(self, ep: int, fixed: float | None = None) -> None:
-        """Episode ``ep`` asks for its next model call."""
-        self.waterlevel += 1
-        cell = self._free_cell()
-        if cell is None:
-            self.queue.append((ep, fixed))
+    # ---- rounds of episode events (gyre_env.scheduler.rounds) ---------------------------
+    def _round(self, t1: float) -> None:
+        """Every episode event before ``t1``, then the time ``[t, t1)`` accounted."""
+        t0, tab = self.t, self.tab
+        self.rounds += 1
+        if self.n_queued:
+            self._match(t0, None, None)
+        while True:
+            due = np.flatnonzero(tab.t < t1)
+            if not len(due):
+                break
+            self.events += len(due)
+            due = due[np.argsort(tab.t[due], kind="stable")]
+            phase = tab.phase[due]
+            freed = self._complete(due[phase == CALL])
+            arrive = due[phase == WAIT]
+            if len(arrive):
+                tab.phase[arrive] = QUEUED
+                tab.arr[arrive] = tab.t[arrive]
+                tab.t[arrive] = np.inf
+                self.n_queued += len(arrive)
+            for row in due[phase == SCORE].tolist():
+                self._episode_end(row)
+            if self.n_queued:
+                self._match(t0, *freed)
+        self._accrue(t0, t1)
+        self.t = t1
+        self._after_round()
+
+    def _after_round(self) -> None:
+        """Hook for checks after each round (tests)."""
+
+    def _complete(self, rows: np.ndarray):
+        """Calls of ``rows`` end: the cells' slots free, each episode to its tool or scoring."""
+        if not len(rows):
+            return None, None
+        tab = self.tab
+        cells, tc, turn = tab.cell[rows], tab.t[rows], tab.turn[rows]
+        self.load -= np.bincount(cells, minlength=len(self.load))
+        tab.ctx[rows] += tab.prompt[rows, turn] + tab.output[rows, turn]
+        tab.turn[rows] = turn + 1
+        tab.phase[rows] = WAIT
+        tab.t[rows] = tc + tab.tool[rows, turn]
+        last = rows[turn + 1 >= tab.nturns[rows]]
+        if len(last):
+            tab.phase[last] = SCORE
+            tab.t[last] += tab.score_s[last]
+            for row in last.tolist():
+                self._scored(row)
+        self.n_calls -= len(rows)
+        self._ev.append((cells, tc, np.full(len(rows), -1, np.int64)))
+        return cells, tc
+
+    def _match(self, t0: float, freed_cells, freed_t) -> None:
+        """Queued requests take free slots first in, first out (see the rounds module)."""
+        tab, n = self.tab, len(self.load)
+        q = np.flatnonzero(tab.phase == QUEUED)
+        q = q[np.argsort(tab.arr[q], kind="stable")]
+        per_cell = (
+            np.bincount(freed_cells, minlength=n) if freed_cells is not None else np.zeros(n, int)
+        )
+        pc, plv = free_slots(self.load, self.cap, self._serving, len(q), per_cell)
+        if freed_cells is not None:
+            o = np.argsort(freed_t, kind="stable")
+            cells = np.concatenate((pc, freed_cells[o]))
+            slot_t = np.concatenate((np.full(len(pc), t0), freed_t[o]))
         else:
-            self._serve(cell, ep, fixed)
-
-    def _free_cell(self) -> int | None:
-        free, role, sw, load, cap = self._free, self.role, self.switching, self.in_flight, self.cap
-        while free:
-            n, c = free[0]
-            if n == load[c] and n < cap[c] and role[c] is Role.ROLLOUT and not sw[c]:
-                return c
-            heapq.heappop(free)
-        return None
-
-    def _serve(self, cell: int, ep: int, fixed: float | None) -> None:
-        live = self.live[ep]
-        episode, turn = live[0], live[1]
-        self._slots(cell, +1)
-        if fixed is not None:
-            dur = fixed
-        elif episode.call_s is not None:
-            dur = episode.call_s[turn]
-        else:
-            prefill, decode, slowdown, half = self._call_model
-            new = episode.prompt_new[turn]
-            slow = (1.0 + slowdown * (self.in_flight[cell] - 1)) * (1.0 + (live[2] + new) / half)
-            dur = new / prefill + episode.output[turn] * slow / decode
-        self.call_s_mean += 0.01 * (dur - self.call_s_mean)
-        cid = self._next_call
-        self._next_call = cid + 1
-        self.calls[cid] = [ep, cell, self.t + dur]
-        if self.version[cell] < live[3]:
-            live[3] = self.version[cell]
-        self._seq += 1
-        heapq.heappush(self._heap, (self.t + dur, self._seq, _DONE, cid))
-
-    def _slots(self, cell: int, delta: int) -> None:
-        """Change a cell's load, keeping the slot-time integral and its accounting state."""
-        dt = self.t - self._slot_last[cell]
-        self._slot_s += self.in_flight[cell] * dt
-        if self.role[cell] is Role.ROLLOUT and not self.switching[cell]:
-            self._slot_cap_s += self.cap[cell] * dt
-        self._slot_last[cell] = self.t
-        before = self.in_flight[cell]
-        self.in_flight[cell] = before + delta
-        heapq.heappush(self._free, (before + delta, cell))
-        if before == 0 or before + delta == 0:
-            self._account(cell)
-
-    def _done(self, cid: int) -> None:
-        call = self.calls.pop(cid, None)
-        if call is None:  # migrated away: its new call finishes it
+            cells, slot_t = pc, np.full(len(pc), t0)
+        m = min(len(q), len(cells))
+        if not m:
             return
-        ep, cell, _ = call
-        self.waterlevel -= 1
-        self._slots(cell, -1)
-        live = self.live[ep]
-        episode, turn = live[0], live[1]
-        live[2] += episode.prompt_new[turn] + episode.output[turn]
-        live[1] = turn + 1
-        if turn + 1 < len(episode.output):
-            self._at(self.t + episode.tool_s[turn], _ARRIVE, ep)
+        rows, cells = q[:m], cells[:m]
+        start = np.maximum(tab.arr[rows], slot_t[:m])
+        self.load += np.bincount(cells, minlength=n)
+        inflight = np.concatenate((plv, self.load[cells[len(plv) :]]))[:m]
+        dur = self._durations(rows, inflight)
+        tab.phase[rows] = CALL
+        tab.cell[rows] = cells
+        tab.t[rows] = start + dur
+        tab.minv[rows] = np.minimum(tab.minv[rows], self.version[cells])
+        self.n_queued -= m
+        self.n_calls += m
+        self.served += m
+        self.call_s_mean = rolling_mean(self.call_s_mean, dur)
+        self._ev.append((cells, start, np.ones(m, np.int64)))
+
+    def _durations(self, rows: np.ndarray, inflight: np.ndarray) -> np.ndarray:
+        """A migrated call's rest, else the trace's measured time, else the cell model:
+        new prompt tokens at the prefill rate plus output tokens at the per-request decode
+        rate, slowed by the cell's batch and the context."""
+        tab = self.tab
+        turn = tab.turn[rows]
+        prefill, decode, slowdown, half = self._call_model
+        new = tab.prompt[rows, turn]
+        slow = (1.0 + slowdown * (inflight - 1)) * (1.0 + (tab.ctx[rows] + new) / half)
+        dur = new / prefill + tab.output[rows, turn] * slow / decode
+        measured = tab.call[rows, turn]
+        dur = np.where(np.isnan(measured), dur, measured)
+        fixed = tab.fixed[rows]
+        tab.fixed[rows] = np.nan
+        return np.where(np.isnan(fixed), dur, fixed)
+
+    def _accrue(self, t0: float, t1: float) -> None:
+        dt = t1 - t0
+        if self._ev:
+            cells, times, deltas = (np.concatenate(x) for x in zip(*self._ev, strict=True))
+            self._ev = []
         else:
-            self._at(self.t + episode.tool_s[turn] + episode.scoring_s, _EP_DONE, ep)
-        if self.queue:
-            qep, fixed = self.queue.popleft()
-            self._serve(cell, qep, fixed)
+            cells = times = deltas = np.zeros(0)
+        slot_s, serve_s = serving_sweep(
+            t0, t1, self._load0, self._serving, cells.astype(np.int64), times, deltas
+        )
+        self._load0 = self.load.copy()
+        self._slot_s += slot_s
+        self._slot_cap_s += self._cap_r * dt
+        sec = self.seconds
+        sec["rollout/serving"] += serve_s
+        idle = "rollout/idle:agents_in_tools" if self.running_eps else "rollout/idle:no_episodes"
+        sec[idle] += self._n_serving * dt - serve_s
+        sec["switching"] += self._n_switching * dt
+        stepping = len(self.step_cells)
+        sec["training/sync" if self._publishing else "training/step"] += stepping * dt
+        sec["training/idle:no_batch"] += (self._n_training - stepping) * dt
 
     # ---- episodes and groups -----------------------------------------------------------
     def _admit(self, groups: int) -> None:
-        size = self.workload.group_size
         for _ in range(groups):
             g = self.group_started
             self.group_started += 1
             episodes = self.workload.group(g)
+            self.group_eps[g] = episodes
             self.group_left[g] = len(episodes)
+            self.group_end[g] = 0.0
             self.groups_pending[g] = len(episodes)
             self.group_versions[g] = []
             self.group_info[g] = (
@@ -287,57 +303,57 @@ class Simulation:
                 sum(e.tokens for e in episodes),
                 len(episodes),
             )
-            for k, episode in enumerate(episodes):
-                self.live[g * size + k] = [episode, 0, 0, self.trainer_version]
+            for k in range(len(episodes)):
                 self.pending.append((g, k))
-        self._start_pending()
+        self._start_pending(self.t)
 
-    def _start_pending(self) -> None:
+    def _start_pending(self, now: float) -> None:
         size, cap = self.workload.group_size, self.cfg.workload.max_concurrent_episodes
+        tab = self.tab
         while self.pending and self.running_eps < cap:
             g, k = self.pending.popleft()
             if self.groups_pending[g] == self.group_info[g][2]:  # its first episode
                 self.groups_running += 1
             self.groups_pending[g] -= 1
+            episode = self.group_eps[g][k]
             if not self.groups_pending[g]:
-                del self.groups_pending[g]
-            ep = g * size + k
-            live = self.live[ep]
-            live[3] = self.trainer_version
-            self._running(+1)
-            if live[0].output:
-                self._at(self.t + live[0].setup_s, _ARRIVE, ep)
-            else:
-                self._at(self.t + live[0].setup_s + live[0].scoring_s, _EP_DONE, ep)
+                del self.groups_pending[g], self.group_eps[g]
+            row = tab.free_rows.pop()
+            tab.load(row, episode, now, g * size + k, self.trainer_version)
+            self.running_eps += 1
+            if not len(episode.output):
+                self._scored(row)
 
-    def _running(self, delta: int) -> None:
-        before = self.running_eps
-        self.running_eps += delta
-        if (before == 0) != (self.running_eps == 0):  # idle causes change for every cell
-            for c in range(len(self.role)):
-                if self.in_flight[c] == 0:
-                    self._account(c)
-
-    def _episode_done(self, ep: int) -> None:
-        size = self.workload.group_size
-        g = ep // size
-        _, _, _, min_version = self.live.pop(ep)
-        self._running(-1)
-        self.group_versions[g].append(min_version)
+    def _scored(self, row: int) -> None:
+        """Episode of ``row`` made its last call: its group ends once all of them have."""
+        g = int(self.tab.ep[row]) // self.workload.group_size
+        self.group_versions[g].append(int(self.tab.minv[row]))
+        self.group_end[g] = max(self.group_end[g], float(self.tab.t[row]))
         self.group_left[g] -= 1
         if not self.group_left[g]:
             del self.group_left[g]
-            self.groups_running -= 1
-            versions = self.group_versions.pop(g)
-            trained, tokens, _ = self.group_info.pop(g)
-            if trained:
-                self.ready.append((g, tokens, versions, len(versions)))
-                self.ready_tokens += tokens
-            else:
-                self.stats["filtered"] += 1
-                self.groups_trained += 1
-            self._decide()
-        self._start_pending()
+            self._at(self.group_end.pop(g), _GROUP_DONE, g)
+
+    def _episode_end(self, row: int) -> None:
+        """Episode of ``row`` finished scoring: its agent slot takes the next episode."""
+        tab = self.tab
+        now = float(tab.t[row])
+        tab.phase[row], tab.t[row] = FREE, np.inf
+        tab.free_rows.append(row)
+        self.running_eps -= 1
+        self._start_pending(now)
+
+    def _group_done(self, g: int) -> None:
+        self.groups_running -= 1
+        versions = self.group_versions.pop(g)
+        trained, tokens, _ = self.group_info.pop(g)
+        if trained:
+            self.ready.append((g, tokens, versions, len(versions)))
+            self.ready_tokens += tokens
+        else:
+            self.stats["filtered"] += 1
+            self.groups_trained += 1
+        self._decide()
 
     # ---- training -----------------------------------------------------------------------
     def _start_step(self, groups: int) -> None:
@@ -365,13 +381,11 @@ class Simulation:
         rate = c.train_tokens_per_s * len(cells) * (c.dp_efficiency if len(cells) > 1 else 1.0)
         self.step_cells, self.step_groups = cells, taken
         for i in cells:
-            self._account(i)
+            self._gantt_mark(i, "training")
         self._at(self.t + tokens / rate + c.step_overhead_s, _STEP_COMPUTED)
 
     def _step_computed(self, _a) -> None:
         self._publishing = True
-        for i in self.step_cells:
-            self._account(i)
         self._at(self.t + self.cfg.cells.publish_s, _STEP_DONE)
 
     def _step_done(self, _a) -> None:
@@ -380,12 +394,11 @@ class Simulation:
         self.trained_samples += sum(n for _, _, n in self.step_groups)
         self.trained_tokens += sum(tok for tok, _, _ in self.step_groups)
         cells, self.step_cells, self.step_groups = self.step_cells, [], []
-        for i, r in enumerate(self.role):
-            if r is Role.ROLLOUT and not self.switching[i]:
-                self.version[i] = self.trainer_version
+        self.version[self._serving] = self.trainer_version
         for i in cells:
             self.version[i] = self.trainer_version
-            self._account(i)
+            self._gantt_mark(i, self._label(i))
+        self._obs_cells = None
         self.step_end_times.append(self.t)
         self._decide()
 
@@ -396,14 +409,12 @@ class Simulation:
         if self.switching[cell] or self.role[cell] is to or cell in self.step_cells:
             return
         c = self.cfg.cells
-        leaving_rollout = self.role[cell] is Role.ROLLOUT
-        if leaving_rollout:
-            self._slots(cell, 0)  # close the slot integral while it was serving
         self.switching[cell] = True
         self.switch_started[cell] = self.t
         self.stats["switches"] += 1
-        self._account(cell)
-        if leaving_rollout:
+        self._refresh()
+        self._gantt_mark(cell, "switching")
+        if self.role[cell] is Role.ROLLOUT:
             self._migrate(cell)
         base = c.switch_to_training_s if to is Role.TRAINING else c.switch_to_rollout_s
         jitter = math.exp(c.switch_jitter * float(self.rng.standard_normal())) if base else 1.0
@@ -412,27 +423,24 @@ class Simulation:
     def _migrate(self, cell: int) -> None:
         """Move ``cell``'s in-flight calls to the front of the queue: the rest of each call
         plus its KV transfer, or a re-prefill of its context past the migration window."""
-        c = self.cfg.cells
-        moved = []
-        for cid in [cid for cid, call in self.calls.items() if call[1] == cell]:
-            ep, _, finish = self.calls.pop(cid)
-            live = self.live[ep]
-            ctx = live[2] + live[0].prompt_new[live[1]]
+        c, tab = self.cfg.cells, self.tab
+        rows = np.flatnonzero((tab.phase == CALL) & (tab.cell == cell))
+        if len(rows):
+            ctx = tab.ctx[rows] + tab.prompt[rows, tab.turn[rows]]
             delay = ctx * c.kv_bytes_per_token / (c.link_gb_per_s * 1e9)
-            if delay > c.migration_window_s:
-                self.stats["rdma"] += 1  # RDMA_TRANSFER_FAILED: re-prefill instead
-                delay = ctx / c.prefill_tokens_per_s
-            self.stats["migrations"] += 1
-            moved.append((ep, max(finish - self.t, 0.0) + delay))
-            self.waterlevel -= 1  # re-dispatched below
-            self._slots(cell, -1)
-        for ep, rest in reversed(moved):
-            self.waterlevel += 1
-            target = self._free_cell()
-            if target is None:
-                self.queue.appendleft((ep, rest))
-            else:
-                self._serve(target, ep, rest)
+            failed = delay > c.migration_window_s  # RDMA_TRANSFER_FAILED: re-prefill instead
+            delay = np.where(failed, ctx / c.prefill_tokens_per_s, delay)
+            self.stats["rdma"] += int(failed.sum())
+            self.stats["migrations"] += len(rows)
+            tab.fixed[rows] = np.maximum(tab.t[rows] - self.t, 0.0) + delay
+            self._front -= len(rows) + 1
+            tab.arr[rows] = self._front + np.arange(len(rows))
+            tab.phase[rows], tab.t[rows] = QUEUED, np.inf
+            self.load[cell] -= len(rows)
+            self._ev.append((np.array([cell]), np.array([self.t]), np.array([-len(rows)])))
+            self.n_calls -= len(rows)
+            self.n_queued += len(rows)
+            self._match(self.t, None, None)
 
     def _switched(self, cell: int) -> None:
         to = Role.TRAINING if self.role[cell] is Role.ROLLOUT else Role.ROLLOUT
@@ -441,38 +449,30 @@ class Simulation:
         self.switching[cell] = False
         self.last_switch[cell] = self.t
         self.version[cell] = self.trainer_version
-        self._slot_last[cell] = self.t
-        self._account(cell)
-        if to is Role.ROLLOUT:
-            heapq.heappush(self._free, (0, cell))
-            while self.queue and self.in_flight[cell] < self.cap[cell]:
-                ep, fixed = self.queue.popleft()
-                self._serve(cell, ep, fixed)
+        self._refresh()
+        self._gantt_mark(cell, self._label(cell))
+        if to is Role.ROLLOUT and self.n_queued:
+            self._match(self.t, None, None)
         self._decide()
 
     # ---- accounting ------------------------------------------------------------------------
-    def _state_of(self, cell: int) -> str:
+    def _refresh(self) -> None:
+        """Per-role counts and the serving mask, after a role or switch change."""
+        rollout = np.array([r is Role.ROLLOUT for r in self.role], bool)
+        sw = np.array(self.switching, bool)
+        self._serving = rollout & ~sw
+        self._n_serving = int(self._serving.sum())
+        self._cap_r = int(self.cap[self._serving].sum())
+        self._n_switching = int(sw.sum())
+        self._n_training = int((~rollout & ~sw).sum())
+        self._obs_cells = None
+
+    def _label(self, cell: int) -> str:
         if self.switching[cell]:
             return "switching"
         if self.role[cell] is Role.ROLLOUT:
-            if self.in_flight[cell]:
-                return "rollout/serving"
-            return (
-                "rollout/idle:agents_in_tools" if self.running_eps else "rollout/idle:no_episodes"
-            )
-        if cell in self.step_cells:
-            return "training/sync" if self._publishing else "training/step"
-        return "training/idle:no_batch"
-
-    def _account(self, cell: int) -> None:
-        new = self._state_of(cell)
-        old = self.state[cell]
-        if new == old:
-            return
-        if old:
-            self.seconds[old] += self.t - self.since[cell]
-        self.state[cell], self.since[cell] = new, self.t
-        self._gantt_mark(cell, _GANTT[new])
+            return "rollout"
+        return "training" if cell in self.step_cells else "training idle"
 
     def _gantt_mark(self, cell: int, label: str) -> None:
         open_label, t0 = self._gantt_open[cell]
@@ -494,25 +494,30 @@ class Simulation:
 
     def observation(self) -> Observation:
         t = self.cfg.training
-        cap_r = sum(
-            k
-            for k, r, s in zip(self.cap, self.role, self.switching, strict=True)
-            if r is Role.ROLLOUT and not s
-        )
         v = self.trainer_version
+        if self._obs_cells is None:
+            self._obs_cells = (
+                tuple(self.role),
+                tuple(self.switching),
+                tuple(self.cap.tolist()),
+                tuple(self.last_switch),
+                tuple((v - self.version).tolist()),
+                {},
+            )
+        roles, switching, capacity, last_switch, lag, memo = self._obs_cells
         return Observation(
             time=self.t,
-            roles=tuple(self.role),
-            switching=tuple(self.switching),
-            in_flight=tuple(self.in_flight),
-            capacity=tuple(self.cap),
-            last_switch=tuple(self.last_switch),
-            version_lag=tuple(v - x for x in self.version),
+            roles=roles,
+            switching=switching,
+            in_flight=tuple(self.load.tolist()),
+            capacity=capacity,
+            last_switch=last_switch,
+            version_lag=lag,
             trainer_version=v,
             step_running=bool(self.step_cells),
             waterlevel=self.waterlevel,
-            queue=len(self.queue),
-            rollout_capacity=cap_r,
+            queue=self.n_queued,
+            rollout_capacity=self._cap_r,
             groups_started=self.group_started,
             groups_pending=len(self.groups_pending),
             groups_running=self.groups_running,
@@ -526,14 +531,22 @@ class Simulation:
             switch_costs=self.switch_costs,
             call_s=self.call_s_mean,
             train_tokens_per_s=self.cfg.cells.train_tokens_per_s,
+            in_step=self._in_step(),
+            _memo=memo,
         )
+
+    def _in_step(self) -> tuple[bool, ...]:
+        if not self.step_cells:
+            return ()
+        flags = [False] * len(self.role)
+        for i in self.step_cells:
+            flags[i] = True
+        return tuple(flags)
 
     # ---- the end ---------------------------------------------------------------------------------
     def _result(self, end: float, wall_s: float) -> SimResult:
+        self.t = end
         for i in range(len(self.role)):
-            self._slots(i, 0)
-            self.seconds[self.state[i]] += end - self.since[i]
-            self.since[i] = end
             self._gantt_mark(i, "end")
         return SimResult(
             policy=self.policy.name,
@@ -555,6 +568,7 @@ class Simulation:
             wall_s=wall_s,
             gantt=self.gantt,
             params=dict(getattr(self.policy, "params", {}) or {}),
+            rounds=self.rounds,
         )
 
 

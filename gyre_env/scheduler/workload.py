@@ -19,7 +19,8 @@ from gyre_env.scheduler.config import Dist, WorkloadConfig
 
 @dataclass(slots=True)
 class Episode:
-    """One agent episode. Per-turn lists have one entry per model call."""
+    """One agent episode. Per-turn sequences (lists or numpy arrays) have one entry per
+    model call."""
 
     setup_s: float
     scoring_s: float
@@ -37,7 +38,7 @@ class Episode:
     @property
     def tokens(self) -> int:
         """The episode's final context: what a training step computes for it."""
-        return int(sum(self.prompt_new) + sum(self.output))
+        return int(np.sum(self.prompt_new) + np.sum(self.output))
 
 
 def draw(dist: Dist, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -73,30 +74,38 @@ class FittedWorkload:
     def group(self, g: int) -> list[Episode]:
         if g in self._cache:
             return self._cache[g]
-        cfg = self.cfg
-        rng = np.random.default_rng([self.seed, g])
-        trained = bool(rng.random() >= cfg.zero_variance_fraction)
-        out = [self._episode(rng, trained) for _ in range(cfg.group_size)]
+        out = self._draw_group(np.random.default_rng([self.seed, g]))
         if len(self._cache) < self.CACHED_GROUPS:
             self._cache[g] = out
         return out
 
-    def _episode(self, rng: np.random.Generator, trained: bool) -> Episode:
-        cfg = self.cfg
-        n = max(1, int(round(float(draw(cfg.turns, rng, 1)[0]))))
-        prompt = draw(cfg.turn_prompt_tokens, rng, n).round().astype(np.int64)
-        prompt[0] = int(round(float(draw(cfg.first_prompt_tokens, rng, 1)[0])))
-        output = np.maximum(draw(cfg.output_tokens, rng, n).round().astype(np.int64), 1)
-        context = np.cumsum(prompt + output)
-        n = max(1, int(np.searchsorted(context, cfg.max_context_tokens, side="right")))
-        return Episode(
-            setup_s=float(draw(cfg.setup_s, rng, 1)[0]),
-            scoring_s=float(draw(cfg.scoring_s, rng, 1)[0]),
-            prompt_new=prompt[:n].tolist(),
-            output=output[:n].tolist(),
-            tool_s=draw(cfg.tool_s, rng, n).tolist(),
-            trained=trained,
-        )
+    def _draw_group(self, rng: np.random.Generator) -> list[Episode]:
+        """One group's episodes, every distribution drawn once for the whole group."""
+        cfg, size = self.cfg, self.cfg.group_size
+        trained = bool(rng.random() >= cfg.zero_variance_fraction)
+        n = np.maximum(1, np.round(draw(cfg.turns, rng, size)).astype(np.int64))
+        bounds = np.concatenate(([0], np.cumsum(n)))
+        prompt = draw(cfg.turn_prompt_tokens, rng, int(bounds[-1])).round().astype(np.int64)
+        prompt[bounds[:-1]] = np.round(draw(cfg.first_prompt_tokens, rng, size)).astype(np.int64)
+        output = np.maximum(draw(cfg.output_tokens, rng, len(prompt)).round(), 1).astype(np.int64)
+        tool = draw(cfg.tool_s, rng, len(prompt))
+        setup, scoring = draw(cfg.setup_s, rng, size), draw(cfg.scoring_s, rng, size)
+        out = []
+        for k in range(size):
+            a, b = bounds[k], bounds[k + 1]
+            context = np.cumsum(prompt[a:b] + output[a:b])
+            m = max(1, int(np.searchsorted(context, cfg.max_context_tokens, side="right")))
+            out.append(
+                Episode(
+                    setup_s=float(setup[k]),
+                    scoring_s=float(scoring[k]),
+                    prompt_new=prompt[a : a + m],
+                    output=output[a : a + m],
+                    tool_s=tool[a : a + m],
+                    trained=trained,
+                )
+            )
+        return out
 
 
 class TraceWorkload:

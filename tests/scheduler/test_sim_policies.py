@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from gyre_env.scheduler.compare import k_grid, policy_factories, sweep_best
 from gyre_env.scheduler.config import Dist, SimConfig
 from gyre_env.scheduler.peers import AsyncStalenessPolicy, ColocatedSyncPolicy
 from gyre_env.scheduler.policy import Observation, Role, SwitchCosts, WaterlevelPolicy
+from gyre_env.scheduler.rounds import CALL, QUEUED
 from gyre_env.scheduler.sim import STATES, Simulation, simulate
 from gyre_env.scheduler.workload import make_workload
 
@@ -32,23 +34,29 @@ def small(**over) -> SimConfig:
 
 
 class Checked(Simulation):
-    """Asserts conservation after every model-call event, and records what it saw."""
+    """Asserts conservation after every round, and records what it saw."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self.served_during_step = 0
         self.stepped_with_calls = 0
         self.max_started_over_bound = -math.inf
+        self._served_seen = 0
 
-    def _serve(self, cell, ep, fixed):
+    def _after_round(self):
+        super()._after_round()
         if self.step_cells:
-            self.served_during_step += 1
-        super()._serve(cell, ep, fixed)
-        assert self.role[cell] is Role.ROLLOUT and not self.switching[cell]
-        assert self.in_flight[cell] <= self.cap[cell]
+            self.served_during_step += self.served - self._served_seen
+        self._served_seen = self.served
+        tab = self.tab
+        calls = tab.phase == CALL
+        assert self.waterlevel == int(calls.sum()) + int((tab.phase == QUEUED).sum())
+        assert (self.load <= self.cap).all() and (self.load >= 0).all()
+        assert (self.load[~self._serving] == 0).all()  # calls only on settled ROLLOUT cells
+        assert (np.bincount(tab.cell[calls], minlength=len(self.load)) == self.load).all()
 
     def _start_step(self, groups):
-        if any(self.in_flight) and not self.step_cells:
+        if self.load.any() and not self.step_cells:
             self.stepped_with_calls += 1
         super()._start_step(groups)
 
@@ -57,10 +65,6 @@ class Checked(Simulation):
         t = self.cfg.training
         limit = (self.trainer_version + t.staleness_bound + 1) * t.groups_per_step
         self.max_started_over_bound = max(self.max_started_over_bound, self.group_started - limit)
-
-    def _done(self, cid):
-        super()._done(cid)
-        assert self.waterlevel == len(self.calls) + len(self.queue)
 
 
 def run_checked(cfg, policy):
@@ -160,12 +164,63 @@ def test_waterlevel_trains_when_the_queue_drains_and_serves_when_it_rises():
         _obs(waterlevel=10, in_flight=(5, 5, 0, 0), groups_ready=4, ready_tokens=200_000)
     )
     assert [s.to for s in d.switches] == [Role.TRAINING]
-    # high water: requests queue for slots -> a training cell comes back
+    # high water: requests queue for slots -> idle training cells come back, as many as
+    # the queue fills (8 queued requests: one cell of 8 slots; 32: all three)
     roles = (Role.ROLLOUT, Role.TRAINING, Role.TRAINING, Role.TRAINING)
-    d = policy.decide(_obs(roles=roles, waterlevel=40, queue=32, in_flight=(8, 0, 0, 0)))
+    d = WaterlevelPolicy().decide(
+        _obs(roles=roles, waterlevel=16, queue=8, in_flight=(8, 0, 0, 0), call_s=20.0)
+    )
     assert [s.to for s in d.switches] == [Role.ROLLOUT]
+    d = WaterlevelPolicy().decide(
+        _obs(roles=roles, waterlevel=40, queue=32, in_flight=(8, 0, 0, 0))
+    )
+    assert [s.to for s in d.switches] == [Role.ROLLOUT] * 3
     # no training work: no switch even at low water
     assert policy.decide(_obs(waterlevel=0)).switches == ()
+
+
+def test_waterlevel_moves_no_cell_to_training_for_a_batch_that_cannot_run():
+    # the defect this guards: ready groups short of a batch sent cells to training, where
+    # they idled until the batch filled up
+    policy = WaterlevelPolicy()
+    partial = dict(groups_ready=1, ready_tokens=100_000, in_flight=(2, 2, 0, 0), waterlevel=4)
+    assert policy.decide(_obs(**partial)).switches == ()
+    assert policy.decide(_obs(waterlevel=0, groups_ready=1, ready_tokens=100_000)).switches == ()
+    # ... unless the rest of the batch is due before a moved cell would arrive: one group
+    # finished a second ago, one a second before that
+    policy = WaterlevelPolicy()
+    policy.decide(_obs(time=998.0, groups_trained=0))
+    policy.decide(_obs(time=999.0, groups_trained=1))
+    d = policy.decide(_obs(**partial, groups_trained=1))
+    assert d.switches and {s.to for s in d.switches} == {Role.TRAINING}
+
+
+def test_waterlevel_never_recalls_a_cell_inside_the_running_step():
+    roles = (Role.ROLLOUT, Role.TRAINING, Role.TRAINING, Role.TRAINING)
+    obs = _obs(
+        roles=roles, waterlevel=40, queue=32, in_flight=(8, 0, 0, 0), step_running=True,
+        in_step=(False, True, True, False),
+    )  # fmt: skip
+    assert [(s.cell, s.to) for s in WaterlevelPolicy().decide(obs).switches] == [(3, Role.ROLLOUT)]
+
+
+def test_waterlevel_sizes_the_step_and_waits_for_its_cells():
+    # a batch of 2 x 300k tokens at 1000 tok/s: 600 cell-s; round trip 12 s: up to 5 cells
+    # keep the switch overhead under 10%; admissions wait on the trainer (started groups at
+    # the bound), so the step wants every spare cell (3 of 4)
+    policy = WaterlevelPolicy()
+    gated = dict(groups_ready=2, ready_tokens=600_000, groups_started=6, waterlevel=20)
+    gated["in_flight"] = (5, 5, 5, 5)
+    assert policy.training_cells_wanted(_obs(**gated)) == 3
+    d = policy.decide(_obs(**gated))
+    assert [s.to for s in d.switches] == [Role.TRAINING] * 3 and d.train_groups == 0
+    # one cell has arrived, two are still switching: the step waits for them
+    # (a switching cell shows the role it leaves)
+    roles = (Role.ROLLOUT, Role.TRAINING, Role.ROLLOUT, Role.ROLLOUT)
+    obs = _obs(**gated, roles=roles, switching=(False, False, True, True))
+    assert policy.decide(obs).train_groups == 0
+    roles = (Role.ROLLOUT, Role.TRAINING, Role.TRAINING, Role.TRAINING)
+    assert policy.decide(_obs(**gated, roles=roles)).train_groups == 2
 
 
 def test_waterlevel_moves_cells_both_ways_in_a_bursty_run():

@@ -1,0 +1,145 @@
+"""The agents' side of the simulator, in numpy: an episode table and model calls in rounds.
+
+Every running episode owns a row of the table and has exactly one pending time: the end of
+its setup or tool (then it asks for a call), the end of its call, or the end of its scoring.
+The simulator advances in *rounds* ``[t0, t1)`` that never cross a control event (a policy
+tick, a switch or a step ending, a group finishing); a round handles all episode events
+before ``t1`` at once, in sub-rounds until none is left (an event caused by another one in
+the same round gets its own sub-round). Within a sub-round the calls are served first in,
+first out: with the requests ``A`` (queued and new, by arrival) and the free slots ``S``
+sorted by the time they are free (slots free at the round's start on the least loaded
+cells first, then the slots the sub-round's calls release), the k-th request starts at
+``max(A_k, S_k)``: what an event-by-event run gives as long as no call both starts and
+ends inside one round. What a round cannot see: a request caused inside the round does
+not overtake one known at its start for a slot, and may take a slot freed later in the
+round a little early. Rounds last at most ``SimConfig.resolution_s``; the results
+converge as it shrinks (``tests/scheduler/test_sim_rounds.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FREE, WAIT, QUEUED, CALL, SCORE = range(5)
+"""Row phases: free row; in setup or a tool (asks for a call at ``t``); waiting for a
+slot; in a call (ends at ``t``); scoring (the episode ends at ``t``)."""
+_ALPHA = 0.01
+"""Weight of one call in the rolling mean call time."""
+
+
+class EpisodeTable:
+    """Rows of running episodes (``rows`` = the agent slots), their turns in 2-D arrays."""
+
+    def __init__(self, rows: int, turns: int = 8):
+        self.phase = np.zeros(rows, np.int8)
+        self.t = np.full(rows, np.inf)
+        self.arr = np.zeros(rows)
+        """Queue order while QUEUED: the arrival time (migrated calls: below any time)."""
+        self.turn = np.zeros(rows, np.int64)
+        self.nturns = np.zeros(rows, np.int64)
+        self.ctx = np.zeros(rows, np.int64)
+        self.minv = np.zeros(rows, np.int64)
+        self.cell = np.zeros(rows, np.int64)
+        self.fixed = np.full(rows, np.nan)
+        """Duration of the next call when fixed (a migrated call's rest), else NaN."""
+        self.score_s = np.zeros(rows)
+        self.ep = np.zeros(rows, np.int64)
+        """Global episode id (``group * group_size + k``)."""
+        self._alloc(turns)
+        self.free_rows = list(range(rows - 1, -1, -1))
+
+    def _alloc(self, turns: int) -> None:
+        rows = len(self.phase)
+        old = getattr(self, "prompt", None)
+        new = [
+            np.zeros((rows, turns), np.int64),
+            np.zeros((rows, turns), np.int64),
+            np.zeros((rows, turns)),
+            np.full((rows, turns), np.nan),
+        ]
+        if old is not None:
+            k = self.prompt.shape[1]
+            for a, b in zip(new, (self.prompt, self.output, self.tool, self.call), strict=True):
+                a[:, :k] = b
+        self.prompt, self.output, self.tool, self.call = new
+
+    def load(self, row: int, episode, now: float, ep_id: int, version: int) -> None:
+        """Put ``episode`` in ``row``, starting its setup at ``now``."""
+        n = len(episode.output)
+        if n > self.prompt.shape[1]:
+            self._alloc(max(n, 2 * self.prompt.shape[1]))
+        self.prompt[row, :n] = episode.prompt_new
+        self.output[row, :n] = episode.output
+        self.tool[row, :n] = episode.tool_s
+        self.call[row, :n] = episode.call_s if episode.call_s is not None else np.nan
+        self.turn[row], self.nturns[row], self.ctx[row] = 0, n, 0
+        self.minv[row], self.ep[row], self.fixed[row] = version, ep_id, np.nan
+        self.score_s[row] = episode.scoring_s
+        if n:
+            self.phase[row], self.t[row] = WAIT, now + episode.setup_s
+        else:
+            self.phase[row], self.t[row] = SCORE, now + episode.setup_s + episode.scoring_s
+
+
+def free_slots(load, cap, serving, need: int, freed_per_cell):
+    """Up to ``need`` slots free before the sub-round's releases, least loaded cells first:
+    (cells, the load each one reaches when it takes the slot)."""
+    level = load + freed_per_cell
+    open_ = serving & (level < cap)
+    if not need or not open_.any():
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    cells, levels = [], []
+    lv = int(level[open_].min())
+    top = int(cap[open_].max())
+    while need > 0 and lv < top:
+        cs = np.flatnonzero(open_ & (level <= lv) & (lv < cap))[:need]
+        cells.append(cs)
+        levels.append(np.full(len(cs), lv + 1))
+        need -= len(cs)
+        lv += 1
+    return np.concatenate(cells), np.concatenate(levels)
+
+
+def rolling_mean(mean: float, values: np.ndarray) -> float:
+    """``mean += ALPHA * (v - mean)`` for each of ``values`` in order, in one pass."""
+    m = len(values)
+    if not m:
+        return mean
+    keep = 1.0 - _ALPHA
+    w = _ALPHA * keep ** np.arange(m - 1, -1, -1, dtype=np.float64)
+    return float(keep**m * mean + w @ values)
+
+
+def serving_sweep(t0, t1, load0, serving, cells, times, deltas):
+    """Exact slot-seconds and serving cell-seconds over ``[t0, t1)`` of the ``serving``
+    cells, from their loads at ``t0`` and the round's load changes (cell, time, delta)."""
+    dt = t1 - t0
+    touched = np.zeros(len(load0), bool)
+    slot_s = serve_s = 0.0
+    if len(cells):
+        o = np.lexsort((times, cells))
+        c, t, d = cells[o], times[o], deltas[o]
+        touched[c] = True
+        first = np.empty(len(c), bool)
+        first[0] = True
+        np.not_equal(c[1:], c[:-1], out=first[1:])
+        cum = np.cumsum(d)
+        start = np.maximum.accumulate(np.where(first, np.arange(len(c)), 0))
+        after = load0[c] + cum - (cum[start] - d[start])
+        nxt = np.empty(len(t))
+        nxt[:-1] = t[1:]
+        last = np.empty(len(c), bool)
+        last[-1] = True
+        last[:-1] = first[1:]
+        nxt[last] = t1
+        seg = nxt - t
+        slot_s += float(after @ seg)
+        serve_s += float(seg[after > 0].sum())
+        before = t[first] - t0
+        l0 = load0[c[first]]
+        slot_s += float(l0 @ before)
+        serve_s += float(before[l0 > 0].sum())
+    rest = serving & ~touched
+    slot_s += float(load0[rest].sum()) * dt
+    serve_s += float(np.count_nonzero(load0[rest])) * dt
+    return slot_s, serve_s

@@ -1,0 +1,71 @@
+"""What one simulated policy run gives: :class:`SimResult`, and the cell states its time
+is accounted to (:data:`STATES`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STATES = (
+    "rollout/serving",
+    "rollout/idle:agents_in_tools",
+    "rollout/idle:no_episodes",
+    "training/step",
+    "training/sync",
+    "training/idle:no_batch",
+    "switching",
+)
+"""Where a cell's time goes. ``agents_in_tools``: episodes run but none waits on this cell;
+``no_episodes``: the policy holds rollouts back (a barrier or the staleness bound)."""
+
+
+@dataclass
+class SimResult:
+    """What one policy run gave. Times in seconds of simulated time."""
+
+    policy: str
+    duration_s: float
+    cells: int
+    steps: int
+    trained_samples: int
+    trained_tokens: int
+    state_seconds: dict[str, float]
+    staleness: dict[int, int]
+    dropped_stale: int
+    filtered_groups: int
+    switches: int
+    migrations: int
+    rdma_transfer_failed: int
+    step_end_times: list[float]
+    slot_utilisation: float
+    """Time-weighted share of rollout slots in use while cells are in ROLLOUT."""
+    events: int
+    wall_s: float
+    gantt: list[tuple[int, float, float, str]] = field(default_factory=list)
+    params: dict = field(default_factory=dict)
+    rounds: int = 0
+    """Rounds the run took (see :mod:`gyre_env.scheduler.rounds`)."""
+
+    @property
+    def samples_per_hour(self) -> float:
+        return self.trained_samples * 3600.0 / self.duration_s if self.duration_s else 0.0
+
+    @property
+    def tokens_per_hour(self) -> float:
+        return self.trained_tokens * 3600.0 / self.duration_s if self.duration_s else 0.0
+
+    def fractions(self) -> dict[str, float]:
+        total = self.cells * self.duration_s
+        return {k: v / total for k, v in self.state_seconds.items()} if total else {}
+
+    def busy_fraction(self) -> dict[str, float]:
+        f = self.fractions()
+        return {
+            "rollout": f.get("rollout/serving", 0.0),
+            "training": f.get("training/step", 0.0) + f.get("training/sync", 0.0),
+        }
+
+    def idle_fraction(self) -> float:
+        return sum(v for k, v in self.fractions().items() if "idle" in k or k == "switching")
+
+    def time_to_steps(self, n: int) -> float | None:
+        return self.step_end_times[n - 1] if len(self.step_end_times) >= n else None
