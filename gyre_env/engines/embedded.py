@@ -129,6 +129,10 @@ class _Request:
     """Migrated in: (keys, values) of ``prompt_ids + output_ids[:-1]``, joined at admission."""
 
 
+_LOAD_LOCK = threading.Lock()
+"""``from_pretrained`` is not thread-safe (it initialises on the meta device under global
+context managers): engines of one process resuming at once load one after another."""
+
 _DONE = object()  # queue sentinel: the request finished (its last chunk carried the reason)
 
 
@@ -224,9 +228,10 @@ class EmbeddedEngine:
         bar_was_on = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()
         try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(folder), dtype=self._dtype()
-            )
+            with _LOAD_LOCK:
+                model = transformers.AutoModelForCausalLM.from_pretrained(
+                    str(folder), dtype=self._dtype()
+                )
         except Exception as e:
             raise EngineError(f"cannot load model from {folder}: {e}") from e
         finally:
@@ -483,7 +488,11 @@ class EmbeddedEngine:
                 fn, future, _ = self._control.popleft()
                 return (fn, future), []
         admit = []
-        while self._pending and len(self._batch) + len(admit) < self._max_batch:
+        while (
+            self._pending
+            and not self._released  # imported into a released engine: wait for resume_memory
+            and len(self._batch) + len(admit) < self._max_batch
+        ):
             if barrier is not None and self._pending[0].seq >= barrier:
                 break
             req = self._pending.popleft()
@@ -492,6 +501,12 @@ class EmbeddedEngine:
         return None, admit
 
     def _run_control_item(self, fn, future) -> None:
+        """Run one control action unless its caller already gave up (a cancelled wait, a
+        timeout): then it never starts, so nothing is half-done. Once started, the caller
+        can no longer cancel it (``set_running_or_notify_cancel``): it completes whole,
+        and only the caller stops waiting. Either way the worker keeps serving."""
+        if not future.set_running_or_notify_cancel():
+            return
         try:
             result = fn()
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting caller
@@ -608,7 +623,8 @@ class EmbeddedEngine:
         for req in victims:
             self._post(req, error)
         for _, future, _ in controls:
-            future.set_exception(error)
+            if future.set_running_or_notify_cancel():  # a cancelled one has nobody waiting
+                future.set_exception(error)
 
     # ---------------------------------------------------------------- control actions (worker)
 
@@ -646,7 +662,9 @@ class EmbeddedEngine:
         unknown = sorted(set(state) - set(own))
         if unknown:
             raise ValueError(f"update_weights: unknown parameter names {unknown[:5]}")
-        for name, tensor in state.items():
+        for name, tensor in state.items():  # everything is checked before anything is copied
+            if not isinstance(tensor, self._torch.Tensor) or tensor.device.type == "meta":
+                raise TypeError(f"update_weights: {name} is not a tensor with data")
             if tuple(tensor.shape) != tuple(own[name].shape):
                 raise ValueError(
                     f"update_weights: {name} has shape {tuple(tensor.shape)}, "

@@ -292,10 +292,10 @@ def test_pause_rejects_new_requests_and_lets_running_ones_finish(tiny_path, prom
         engine.close()
 
 
-def _perturbed_state(engine, scale=0.5):
+def _perturbed_state(engine, scale=0.5, seed=0):
     import torch
 
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
     return {
         name: tensor + scale * torch.randn(tensor.shape, generator=gen)
         for name, tensor in engine._model.state_dict().items()
@@ -398,6 +398,67 @@ def test_update_is_a_barrier_between_earlier_and_later_requests(tiny_path, promp
         earlier, later = asyncio.run(scenario())
         assert [r.weight_version for r in earlier] == [0, 0, 0]
         assert later.weight_version == 1
+    finally:
+        engine.close()
+
+
+class _SlowState(dict):
+    """A state dict whose swap takes a while: ``started`` is set when the worker begins it."""
+
+    def __init__(self, state, delay_s: float):
+        super().__init__(state)
+        import threading
+
+        self.started, self.delay_s = threading.Event(), delay_s
+
+    def items(self):
+        import time
+
+        if not self.started.is_set():
+            self.started.set()
+            time.sleep(self.delay_s)  # the caller is cancelled meanwhile
+        return super().items()
+
+
+def test_a_cancelled_update_keeps_the_worker_and_lands_whole_or_not_at_all(tiny_path, prompts):
+    import torch
+
+    engine = EmbeddedEngine(model_path=str(tiny_path))
+    long = SamplingParams(max_new_tokens=60, temperature=0)
+    original = {k: v.clone() for k, v in engine._model.state_dict().items()}
+    queued, running = _perturbed_state(engine, seed=1), _perturbed_state(engine, seed=2)
+
+    async def scenario():
+        busy = asyncio.create_task(engine.generate(prompts[0], long))
+        await asyncio.sleep(0)  # accepted: the update below waits for it to finish
+        # Cancelled while waiting behind the running request: it never runs.
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(engine.update_weights(queued, version=1), 0.002)
+        first = await asyncio.wait_for(busy, 60)
+        after_queued = engine.weight_version
+        # Cancelled while the swap runs on the worker: it completes, whole.
+        slow = _SlowState(running, delay_s=0.3)
+        task = asyncio.create_task(engine.update_weights(slow, version=2))
+        for _ in range(2000):  # at most ~10 s
+            if slow.started.is_set():
+                break
+            await asyncio.sleep(0.005)
+        assert slow.started.is_set(), "the worker never started the swap (is it alive?)"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        later = await asyncio.wait_for(engine.generate(prompts[0], long), 60)
+        return first, after_queued, later
+
+    try:
+        first, after_queued, later = asyncio.run(scenario())
+        assert first.weight_version == 0 and after_queued == 0
+        assert asyncio.run(engine.health())["alive"]
+        assert later.weight_version == 2 and engine.weight_version == 2
+        served = engine._model.state_dict()
+        for name, tensor in served.items():
+            expected = running.get(name, original[name])
+            assert torch.equal(tensor, expected), name  # all of version 2, none of 1
     finally:
         engine.close()
 
