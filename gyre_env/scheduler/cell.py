@@ -121,7 +121,10 @@ class Cell:
         role: Role = Role.ROLLOUT,
         transport: KVTransport | None = None,
         on_migration_failed: Callable[[MigrationReport], None] | None = None,
+        migration_lock: asyncio.Lock | None = None,
     ):
+        """``migration_lock``: shared by the cells of one pool, so that two cells leaving
+        at once do not move requests into each other."""
         self.id = cell_id
         self.engine, self.trainer, self.board, self.router = engine, trainer, board, router
         self.costs = costs
@@ -131,6 +134,7 @@ class Cell:
         self.last_switch = float("-inf")
         self.transport = transport
         self.on_migration_failed = on_migration_failed
+        self.migration_lock = migration_lock or asyncio.Lock()
         self.history: collections.deque[SwitchRecord] = collections.deque(
             maxlen=self.config.history
         )
@@ -141,6 +145,11 @@ class Cell:
     @property
     def name(self) -> str:
         return self.engine.name
+
+    @property
+    def serves(self) -> bool:
+        """In ROLLOUT and not switching: a cell requests can move to."""
+        return self.role is Role.ROLLOUT and not self.switching
 
     @property
     def weight_version(self) -> int:
@@ -159,15 +168,16 @@ class Cell:
         record = SwitchRecord(self.id, Role.TRAINING, time.monotonic())
         phases = _Phases(record)
         try:
-            await phases.run("stop_admitting", self.stop_admitting)
-            targets = [c.engine for c in serving if c is not self and c.role is Role.ROLLOUT]
-            if targets:
-                record.migration = await phases.run("migrate", lambda: self._migrate(targets))
+            async with self.migration_lock:  # the serving set holds still while requests move
+                await phases.run("stop_admitting", self.stop_admitting)
+                targets = [c.engine for c in serving if c is not self and c.serves]
+                if targets:
+                    record.migration = await phases.run("migrate", lambda: self._migrate(targets))
             await phases.run("release", self.engine.release_memory)
             await phases.run("onload", self._onload, blocking=True)
+            self.role = Role.TRAINING  # before switching clears: other threads read both
         finally:
             self.switching = False
-        self.role = Role.TRAINING
         record.weight_version = self.trainer_version
         return self._finish(record)
 
@@ -181,9 +191,9 @@ class Cell:
             await phases.run("resume", self.engine.resume_memory)
             await phases.run("load_weights", self.sync_engine)
             await phases.run("admit", self.admit)
+            self.role = Role.ROLLOUT
         finally:
             self.switching = False
-        self.role = Role.ROLLOUT
         record.weight_version = self.engine.weight_version
         return self._finish(record)
 

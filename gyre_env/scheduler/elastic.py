@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
@@ -150,7 +151,10 @@ class ElasticDriver:
         self.clock = clock or CallClock()
         self.costs = costs or cells[0].costs or SwitchCosts()
         self.core = CoreStep(cells[0].trainer, version=cells[0].board.version)
-        self.heartbeat = Heartbeat(self.config.heartbeat)
+        bound = self.config.staleness_bound
+        self.heartbeat = Heartbeat(
+            dataclasses.replace(self.config.heartbeat, staleness_bound=bound)
+        )
         self.result = ElasticResult()
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -244,7 +248,7 @@ class ElasticDriver:
             ):
                 continue
             self._switch(cell, s.to)
-        if d.train_groups and self._step is None:
+        if d.train_groups and self._step is None and len(self.result.steps) < self.config.steps:
             training = [c for c in self.cells if c.role is Role.TRAINING and not c.switching]
             with self._lock:
                 take = self._ready[: d.train_groups]
@@ -401,6 +405,8 @@ async def _running_loop() -> asyncio.AbstractEventLoop:
 
 async def _resync(cell: Cell) -> None:
     """Out of routing, load the newest version, back in (STALE_WEIGHTS_DETECTED)."""
+    if not cell.serves:  # it switched meanwhile: resuming will load the newest version
+        return
     await cell.stop_admitting()
     await cell.sync_engine()
     await cell.admit()

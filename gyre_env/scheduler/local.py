@@ -77,10 +77,12 @@ class LocalCells:
             engines=engines, tokenizer=self.tokenizer, sink=self.sink,
         ).start()  # fmt: skip
         roles = initial_roles or [Role.ROLLOUT] * cfg.cells
+        lock = self.proxy.call(_new_lock())  # bound to the proxy's loop, shared by the cells
         for i, engine in enumerate(engines):
             cell = Cell(
                 i, engine, make_trainer(self.model_dir), board=self.board,
                 router=self.proxy.core.router, costs=self.costs, config=cfg.switch, role=roles[i],
+                migration_lock=lock,
             )  # fmt: skip
             self.cells.append(cell)
             self.proxy.call(cell.prepare())
@@ -104,3 +106,9 @@ def _torch_trainer(model_dir: Path):
     from gyre_env.trainers.torch_backend import TorchTrainer
 
     return TorchTrainer(model_dir)
+
+
+async def _new_lock():
+    import asyncio
+
+    return asyncio.Lock()
