@@ -27,6 +27,12 @@ def add_commands(sub) -> None:
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--elastic",
+        action="store_true",
+        help="RL on elastic cells that switch between rollout and training at runtime",
+    )
+    p.add_argument("--cells", type=int, default=2, help="cells for --elastic (default 2)")
     p.set_defaults(func=_run)
 
 
@@ -45,6 +51,11 @@ def _run(args: argparse.Namespace) -> int:
         overrides.append("logging.progress=false")
     try:
         cfg = apply_overrides(load_config(args.config, preset=args.preset), overrides)
+        if args.elastic:
+            from gyre_env.scheduler.elastic_train import train_elastic
+
+            train_elastic(cfg, cells=args.cells)
+            return 0
         from gyre_env.train.loop import train
 
         summary = train(cfg, resume=args.resume)
