@@ -322,6 +322,9 @@ class ElasticDriver:
         core.board.publish(version, dict(core.trainer.named_parameters()))
         core.trainer_version = version
         self._train_tokens_per_s = metrics["tokens_per_s"] / max(len(training), 1)
+        rewards = [r for g in groups for r in getattr(g, "rewards", ())]
+        if rewards:
+            metrics["reward_mean"] = sum(rewards) / len(rewards)
         return {
             **metrics,
             "step": version,

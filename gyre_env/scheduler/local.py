@@ -42,10 +42,14 @@ class LocalCells:
         sink=None,
         trainer_factory=None,
         proxy_config=None,
+        service_factory=None,
     ):
-        """``trainer_factory(model_dir)``: a trainer per cell (default ``TorchTrainer``)."""
+        """``trainer_factory(model_dir)``: a trainer per cell (default ``TorchTrainer``);
+        ``service_factory(engines)``: a started service with ``.proxy`` and ``stop()``
+        (e.g. the agents' ``ModelService``) instead of a bare proxy server."""
         self.model_dir, self.tokenizer, self.config = Path(model_dir), tokenizer, config
         self.sink, self.trainer_factory, self.proxy_config = sink, trainer_factory, proxy_config
+        self.service_factory, self.service = service_factory, None
         self.cells: list[Cell] = []
         self.proxy = None
         self.costs = SwitchCosts(
@@ -72,10 +76,14 @@ class LocalCells:
             )  # fmt: skip
             for i in range(cfg.cells)
         ]
-        self.proxy = ProxyServer(
-            self.proxy_config or ProxyConfig(probe_interval_s=0.02, ping_interval_s=1.0),
-            engines=engines, tokenizer=self.tokenizer, sink=self.sink,
-        ).start()  # fmt: skip
+        if self.service_factory is not None:
+            self.service = self.service_factory(engines)
+            self.proxy = self.service.proxy
+        else:
+            self.proxy = ProxyServer(
+                self.proxy_config or ProxyConfig(probe_interval_s=0.02, ping_interval_s=1.0),
+                engines=engines, tokenizer=self.tokenizer, sink=self.sink,
+            ).start()  # fmt: skip
         roles = initial_roles or [Role.ROLLOUT] * cfg.cells
         lock = self.proxy.call(_new_lock())  # bound to the proxy's loop, shared by the cells
         for i, engine in enumerate(engines):
@@ -89,9 +97,11 @@ class LocalCells:
         return self
 
     def close(self) -> None:
-        if self.proxy is not None:
+        if self.service is not None:
+            self.service.stop()
+        elif self.proxy is not None:
             self.proxy.stop()
-            self.proxy = None
+        self.service = self.proxy = None
         for cell in self.cells:
             cell.engine.close()
 

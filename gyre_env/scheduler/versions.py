@@ -76,10 +76,11 @@ class Heartbeat:
         self.interval_s = self.config.min_interval_s
 
     def beat(self, core_version: int, versions: Mapping[int, int]) -> list[int]:
-        """Record one round of versions; returns the cells beyond the staleness bound
+        """Record one round of versions (of the cells that must be current: serving ones,
+        or every rank of a group); returns the cells beyond the staleness bound
         (each logged as ``STALE_WEIGHTS_DETECTED``) and adapts the interval."""
         self.core_version = core_version
-        self.versions.update(versions)
+        self.versions = dict(versions)  # cells not reported (not serving) are not tracked
         seen = (core_version, tuple(sorted(self.versions.items())))
         if seen != self._last_seen:
             self.interval_s = self.config.min_interval_s

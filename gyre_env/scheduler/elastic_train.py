@@ -1,0 +1,168 @@
+"""``gyre train --elastic --cells N``: the RL phase of a ``TrainConfig`` on elastic cells.
+
+The same pieces as the synchronous loop (``gyre_env.train.loop``): the model folder, the
+task pool, the store, ``run_episodes`` for a GRPO group's episodes (the LangGraph agent,
+sandboxes, the proxy), ``units_of`` for packed units, and the torch trainer's loss; but
+N cells change roles at runtime under Gyre's waterlevel policy, and one optimizer step
+runs whenever the policy asks for one. Not here (yet): the SFT warm start, held-out
+evaluation and checkpoint/resume; the run writes ``store.db``, ``episodes.jsonl`` and
+``elastic.json`` (steps with their reward, switches with phase times, the role timeline,
+per-cell busy seconds, the staleness histogram).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+
+from gyre_env.train.config import TrainConfig
+
+
+@dataclass
+class EpisodeGroup:
+    index: int
+    run: str
+    rewards: list[float]
+    tokens: int
+
+
+class EpisodeWorkload:
+    """GRPO groups of real episodes (``Workload`` for the elastic driver)."""
+
+    def __init__(self, cfg: TrainConfig, service, store, tasks: list, agent):
+        import numpy as np
+
+        self.cfg, self.service, self.store, self.tasks, self.agent = (
+            cfg,
+            service,
+            store,
+            tasks,
+            agent,
+        )
+        self._rng = np.random.default_rng([cfg.seed, 11])
+        self._lock = threading.Lock()
+
+    def run_group(self, index: int) -> EpisodeGroup:
+        from gyre_env.train.rollout import run_episodes
+
+        cfg = self.cfg
+        with self._lock:
+            task = self.tasks[int(self._rng.integers(len(self.tasks)))]
+        tag = f"elastic.{index:05d}"
+        stats = run_episodes(
+            service=self.service, agent=self.agent, tasks=[task], env_id=cfg.tasks.env_id,
+            group_size=cfg.rollout.group_size, run=tag, store=self.store,
+            parallel=cfg.rollout.group_size, time_limit_s=cfg.rollout.time_limit_s,
+            seed=cfg.seed + index, results_path=cfg.out_dir / "episodes.jsonl", progress=False,
+            desc=tag, env_kwargs=cfg.tasks.env_kwargs,
+        )  # fmt: skip
+        return EpisodeGroup(index, tag, [float(s) for s in stats.scores], stats.sampled_tokens)
+
+    def units(self, groups: list[EpisodeGroup]) -> list:
+        from gyre_env.train.loop import units_of
+
+        trees = [t for g in groups for t in self.store.trees(run=g.run)]
+        return units_of(trees, self.cfg)
+
+    def tokens(self, group: EpisodeGroup) -> int:
+        return group.tokens
+
+
+def train_elastic(cfg: TrainConfig, cells: int):
+    """Run ``cfg``'s RL phase on ``cells`` elastic cells; returns the ``ElasticResult``."""
+    from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
+    from gyre_env.agents.serving import ModelService, ModelServiceConfig
+    from gyre_env.engines.tiny import load_tokenizer
+    from gyre_env.scheduler.elastic import CallClock, ElasticConfig, ElasticDriver
+    from gyre_env.scheduler.local import LocalCells, LocalCellsConfig
+    from gyre_env.scheduler.policy import WaterlevelPolicy
+    from gyre_env.train.loop import (
+        _KeepOpen,
+        check_store_tokenizer,
+        load_tasks,
+        prepare_model,
+        split_pool,
+    )
+    from gyre_env.trainers.torch_backend import TorchTrainer
+    from gyre_env.trajectory.store import TrajectoryStore
+
+    cfg.validate()
+    out = cfg.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = prepare_model(cfg)
+    train_pool, _ = load_tasks(cfg)
+    _, rl_tasks = split_pool(cfg, train_pool)
+    tokenizer = load_tokenizer(model_dir)
+    store = TrajectoryStore(out / "store.db")
+    check_store_tokenizer(store, tokenizer, model_dir)
+    clock = CallClock()
+    r = cfg.rollout
+
+    def service(engines):
+        sinks = (_KeepOpen(store), clock)
+        return ModelService(
+            ModelServiceConfig(context_length=cfg.model.context_length),
+            engines=engines, tokenizer=tokenizer, sinks=sinks,
+        ).start()  # fmt: skip
+
+    agent = LangGraphAgent(LangGraphAgentConfig(
+        max_steps=r.max_steps, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+        subagent=False, nudges=0, seed=cfg.seed,
+    ))  # fmt: skip
+    pool = LocalCells(
+        model_dir, tokenizer,
+        LocalCellsConfig(cells=cells, max_batch_size=max(r.parallel, 1), context_length=cfg.model.context_length),
+        trainer_factory=lambda d: TorchTrainer(d, cfg.optim_config(), cfg.loss_config()),
+        service_factory=service,
+    )  # fmt: skip
+    t0 = time.monotonic()
+    try:
+        pool.open()
+        workload = EpisodeWorkload(cfg, pool.service, store, rl_tasks, agent)
+        sched = cfg.schedule
+        config = ElasticConfig(
+            steps=sched.iterations * sched.optimizer_steps,
+            groups_per_step=max(1, r.tasks_per_iteration // sched.optimizer_steps),
+            agent_slots=max(1, r.parallel // r.group_size), timeout_s=24 * 3600.0,
+        )  # fmt: skip
+        driver = ElasticDriver(
+            pool.cells, WaterlevelPolicy(), workload, call=pool.proxy.call,
+            router=pool.proxy.core.router, config=config, clock=clock, costs=pool.costs,
+        )  # fmt: skip
+        result = driver.run()
+    finally:
+        pool.close()
+        store.close()
+    _write(out / "elastic.json", result)
+    for rec in result.switches:
+        print(rec.summary(), flush=True)
+    for s in result.steps:
+        reward = s.get("reward_mean")
+        shown = f"reward {reward:.3f}" if reward is not None else "no scored episodes"
+        print(f"step {s['step']} on cells {s['cells']}: {shown}, loss {s['loss']:.4f}", flush=True)
+    print(f"elastic: {len(result.steps)} steps, {len(result.switches)} switches, "
+          f"{time.monotonic() - t0:.0f}s; {out / 'elastic.json'}", flush=True)  # fmt: skip
+    return result
+
+
+def _write(path, result) -> None:
+    data = {
+        "steps": result.steps,
+        "switches": [
+            {
+                "cell": s.cell,
+                "to": s.to.name,
+                "phases": s.phases,
+                "total_s": s.total_s,
+                "migration": None if s.migration is None else vars(s.migration),
+            }
+            for s in result.switches
+        ],  # fmt: skip
+        "timeline": result.timeline,
+        "seconds": result.seconds,
+        "staleness": result.staleness,
+        "wall_s": result.wall_s,
+    }
+    path.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
