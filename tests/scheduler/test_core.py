@@ -63,7 +63,7 @@ def test_heartbeat_interval_adapts_and_flags_stale_cells(caplog):
     hb.beat(1, {0: 1, 1: 1})
     assert hb.interval_s == 2.0, "doubles while nothing moves, up to the max"
     with caplog.at_level("WARNING"):
-        assert hb.beat(4, {0: 4}) == [1]
+        assert hb.beat(4, {0: 4, 1: 1}) == [1]
     assert hb.interval_s == 0.5 and STALE_WEIGHTS_DETECTED in caplog.text
 
 
@@ -141,3 +141,9 @@ def test_gloo_core_and_satellites(tiny_path, make_units, tmp_path):
     away = results[-1]
     assert away["before"] == 1 and away["after"] == 3 and away["stale"] == [WORLD - 1]
     assert STALE_WEIGHTS_DETECTED in logs[0]
+
+
+def test_heartbeat_tracks_only_cells_reported_now():
+    hb = Heartbeat(HeartbeatConfig(staleness_bound=1))
+    assert hb.beat(0, {0: 0, 1: 0}) == []
+    assert hb.beat(5, {1: 5}) == [], "cell 0 left serving: its old version is not a lag"
