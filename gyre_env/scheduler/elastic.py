@@ -114,6 +114,8 @@ class ElasticResult:
     """Sample version lag at training time -> loss tokens."""
     wall_s: float = 0.0
     groups_run: int = 0
+    migration_failures: int = 0
+    """Migrations past their window (re-prefilled instead)."""
 
     def busy_fraction(self, cell: int) -> float:
         s = self.seconds.get(cell, {})
@@ -168,6 +170,18 @@ class ElasticDriver:
         self._train_tokens_per_s = self.config.train_tokens_per_s_prior
         self._t0 = time.monotonic()
         self._since = {c.id: (self._state(c), 0.0) for c in self.cells}
+        for c in self.cells:
+            if c.on_migration_failed is None:
+                c.on_migration_failed = self._migration_failed
+
+    def _migration_failed(self, report) -> None:
+        """RDMA_TRANSFER_FAILED (already logged): counted, and handed to the policy when it
+        takes it (``on_migration_failed(report)``; the shared Policy protocol has no such
+        hook yet, so the waterlevel policy does not shrink its context per batch)."""
+        self.result.migration_failures += 1
+        hook = getattr(self.policy, "on_migration_failed", None)
+        if hook is not None:
+            hook(report)
 
     # ---- the loop ---------------------------------------------------------------------
     def run(self) -> ElasticResult:

@@ -128,6 +128,13 @@ def test_sessions_survive_switches_with_exact_records(tiny_path, tokenizer, tmp_
     recs = read_jsonl(tmp_path / "records.jsonl")
     assert len(switches) == SWITCHES and all(c.role is Role.ROLLOUT for c in cells)
     moved = sum(r.migration.requests for r in switches if r.migration)
+    with_kv = sum(r.migration.with_kv for r in switches if r.migration)
+    mean_ms = {
+        to.name: 1e3 * sum(r.total_s for r in switches if r.to is to) / (SWITCHES // 2)
+        for to in Role
+    }
+    print(f"{SESSIONS} sessions x {TURNS} calls, {len(switches)} switches: {moved} requests "
+          f"moved ({with_kv} with KV), mean switch ms {mean_ms}")  # fmt: skip
     assert moved > 0 and any(r.migration and r.migration.with_kv for r in switches)
     assert len(texts) == SESSIONS and len(recs) == SESSIONS * TURNS, "no call lost or doubled"
 
