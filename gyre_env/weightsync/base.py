@@ -111,7 +111,10 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
-        data = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Manifest:
         buckets = tuple(
             BucketSpec(
                 nbytes=b["nbytes"],

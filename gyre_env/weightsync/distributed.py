@@ -5,10 +5,15 @@ builds directly on a TCPStore it serves, under its own key prefix (``group_name`
 never touches the default group, so a trainer's own ``init_process_group`` and this one
 cannot cross. Receivers (ranks 1..world_size-1) connect to that store.
 
-Per version: the publisher posts ``latest`` and the :class:`Manifest` on the store, then
-broadcasts a header (version, bucket count) and every bucket (packing bucket i+1 while
-bucket i is on the wire). Each receiver stages all buckets before its engine swaps them
-in, then marks ``done/<version>/<rank>``. Every store wait and collective has the
+Per version: the publisher posts ``latest`` on the store (and a :class:`Manifest`'s layout
+once, under its fingerprint), then broadcasts a header (version, bucket count,
+``direct_bytes``, layout fingerprint) and the version's
+*segments* (:func:`segments`): a tensor of at least ``direct_bytes`` goes on the wire
+straight from the trainer's memory, with no packing copy; runs of smaller tensors are
+packed into a staging bucket (packing run i+1 while run i is on the wire). Receivers
+receive every segment straight into its place in their preallocated flat bucket buffers
+(no unpacking copy: the tensors handed to the engine are views of them), stage all of
+them before the engine swaps them in, then mark ``done/<version>/<rank>``. Every store wait and collective has the
 ``timeout_s`` deadline: a wrong world size, port or prefix fails within it (naming the
 group, its address and the ranks), as does a peer that dies mid-broadcast. A failed
 collective poisons the group; the next publish forms a new *generation* of it, which the
@@ -18,8 +23,9 @@ surviving receivers (and restarted ones) join, so a full resync follows.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
-import time
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -34,7 +40,6 @@ from gyre_env.weightsync.base import (
     check_version,
     named_list,
     open_store,
-    pack_bucket,
     plan_buckets,
     store_get,
     unpack_bucket,
@@ -44,6 +49,8 @@ if TYPE_CHECKING:
     import torch
 
 BACKENDS = ("gloo", "nccl")
+COLLECT_EVERY = 16
+"""Versions between two clean-ups of the store's confirmation keys."""
 
 
 @dataclass(kw_only=True)
@@ -62,6 +69,10 @@ class DistSyncConfig(SyncConfig):
     """``gloo`` (CPU tensors) or ``nccl`` (CUDA tensors, one GPU per rank)."""
     device: str = "cpu"
     """Where the buckets live: ``cpu`` for gloo, ``cuda[:N]`` for NCCL."""
+    direct_bytes: int = 1 << 20
+    """Tensors of at least this many bytes are broadcast straight from the trainer's
+    memory (one collective each, no packing copy); smaller ones are packed into buckets.
+    Only the publisher's value counts: it is sent in each version's header."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -73,12 +84,63 @@ class DistSyncConfig(SyncConfig):
             )
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if not isinstance(self.direct_bytes, int) or self.direct_bytes < 1:
+            raise ValueError(f"direct_bytes must be an int >= 1, got {self.direct_bytes!r}")
 
     @property
     def where(self) -> str:
         return (
             f"group {self.group_name!r} at {self.host}:{self.port} (world_size {self.world_size})"
         )
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One broadcast: bytes ``[start, end)`` of bucket ``bucket``; ``name`` is the tensor
+    sent straight from the trainer's memory, or None for a packed run of small tensors."""
+
+    bucket: int
+    start: int
+    end: int
+    name: str | None
+
+
+def segments(manifest: Manifest, direct_bytes: int) -> list[Segment]:
+    """The broadcasts of one version, in order; both sides derive them from the manifest."""
+    out: list[Segment] = []
+    for i, bucket in enumerate(manifest.buckets):
+        run: list[int] | None = None  # [start, end) of the packed run being built
+        for spec in bucket.tensors:
+            if spec.nbytes >= direct_bytes:
+                if run is not None:
+                    out.append(Segment(i, run[0], run[1], None))
+                    run = None
+                out.append(Segment(i, spec.offset, spec.offset + spec.nbytes, spec.name))
+            elif spec.nbytes > 0:
+                if run is None:
+                    run = [spec.offset, spec.offset]
+                run[1] = spec.offset + spec.nbytes
+        if run is not None:
+            out.append(Segment(i, run[0], run[1], None))
+    return out
+
+
+def layout_id(manifest: Manifest) -> int:
+    """A 62-bit fingerprint of the layout (everything but the version)."""
+    text = Manifest(version=0, buckets=manifest.buckets).to_json()
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 2
+
+
+def _wire_bytes(tensor: torch.Tensor, device: str) -> torch.Tensor:
+    """The tensor's bytes as a flat ``uint8`` view on ``device`` (copied only when it is
+    not contiguous or lives elsewhere)."""
+    torch = require("torch", "torch.distributed weight sync")
+    src = tensor.detach()
+    if src.device != torch.device(device):
+        src = src.to(device)
+    if not src.is_contiguous():
+        src = src.contiguous()
+    return src.reshape(-1).view(torch.uint8)
 
 
 class _Group:
@@ -110,6 +172,14 @@ class _Group:
         return self.pg.broadcast([tensor], self._dist.BroadcastOptions())
 
 
+def _pack_run(bucket, seg: Segment, tensors: dict, out: torch.Tensor) -> None:
+    """Pack the small tensors of ``seg`` into ``out`` (``out[0]`` is bucket byte ``seg.start``)."""
+    for spec in bucket.tensors:
+        if seg.start <= spec.offset and spec.offset + spec.nbytes <= seg.end and spec.nbytes:
+            at = spec.offset - seg.start
+            out[at : at + spec.nbytes].copy_(_wire_bytes(tensors[spec.name], str(out.device)))
+
+
 class DistPublisher:
     """Rank 0: serves the store and broadcasts each published version."""
 
@@ -123,31 +193,49 @@ class DistPublisher:
         self._generation = 0
         self._group: _Group | None = None
         self._buffers: list = []
+        self._posted: list[int] = []  # versions whose keys are still on the store
+        self._plan_key: tuple | None = None
+        self._manifest: Manifest | None = None
+        self._layout_id = 0
 
     def _ensure_group(self) -> _Group:
         if self._group is None:
             self._group = _Group(self.config, 0, self._store, self._generation)
         return self._group
 
-    def _broadcast(self, group: _Group, manifest: Manifest, tensors: dict) -> None:
-        """Header, then every bucket; bucket i+1 is packed while bucket i is on the wire."""
+    def _staging(self, size: int) -> list:
         torch = require("torch", "torch.distributed weight sync")
-        size = max(b.nbytes for b in manifest.buckets) or 1
         if len(self._buffers) != 2 or self._buffers[0].numel() < size:
             self._buffers = [
                 torch.empty(size, dtype=torch.uint8, device=self.config.device) for _ in range(2)
             ]
-        header = torch.tensor([manifest.version, len(manifest.buckets)], dtype=torch.int64)
-        group.broadcast(header.to(self.config.device)).wait()
-        works: list = [None, None]
-        for i, bucket in enumerate(manifest.buckets):
-            slot = i % 2
+        return self._buffers
+
+    def _broadcast(self, group: _Group, manifest: Manifest, tensors: dict) -> None:
+        """Header, then every segment: large tensors straight from ``tensors``, packed
+        runs through two staging buffers (run i+1 is packed while run i is on the wire)."""
+        torch = require("torch", "torch.distributed weight sync")
+        device, direct = self.config.device, self.config.direct_bytes
+        plan = segments(manifest, direct)
+        packed = [s.end - s.start for s in plan if s.name is None]
+        staging = self._staging(max(packed)) if packed else []
+        header = [manifest.version, len(manifest.buckets), direct, self._layout_id]
+        header = torch.tensor(header, dtype=torch.int64)
+        group.broadcast(header.to(device)).wait()
+        works: list = [None, None]  # the last broadcast out of each staging buffer
+        direct_works: list = []
+        slot = 0
+        for seg in plan:
+            if seg.name is not None:
+                direct_works.append(group.broadcast(_wire_bytes(tensors[seg.name], device)))
+                continue
             if works[slot] is not None:
                 works[slot].wait()  # this buffer's previous broadcast must be done
-            buf = self._buffers[slot][: max(bucket.nbytes, 1)]
-            pack_bucket(bucket, tensors, buf)
+            buf = staging[slot][: seg.end - seg.start]
+            _pack_run(manifest.buckets[seg.bucket], seg, tensors, buf)
             works[slot] = group.broadcast(buf)
-        for work in works:
+            slot = 1 - slot
+        for work in [*direct_works, *works]:
             if work is not None:
                 work.wait()
 
@@ -155,11 +243,11 @@ class DistPublisher:
         """Broadcast ``version`` to every receiver; blocks until each has it staged."""
         named = named_list(named_tensors)
         check_version(version, self.version, peer="this publisher")
-        manifest = plan_buckets(named, self.config.bucket_bytes, version)
+        manifest = self._plan(named, version)
         if self._group is None:
             self._generation += 1  # receivers join the generation named in ``latest``
         self.version = version
-        self._store.set(f"manifest/{version}", manifest.to_json())
+        self._posted.append(version)
         self._store.set("latest", f"{self._generation}:{version}")
         group = self._ensure_group()
         try:
@@ -172,22 +260,48 @@ class DistPublisher:
                 peer=f"{self.config.where}, generation {group.generation}",
             ) from e
         self._wait_done(version, group.generation)
+        self._collect(version)
+
+    def _plan(self, named: list, version: int) -> Manifest:
+        """This version's manifest; its layout is posted once (``layout/<id>``), so an
+        unchanged layout costs no store write and receivers that know it no read."""
+        key = (self.config.bucket_bytes, [(n, t.dtype, tuple(t.shape)) for n, t in named])
+        if key != self._plan_key:
+            manifest = plan_buckets(named, self.config.bucket_bytes, version)
+            self._layout_id = layout_id(manifest)
+            self._store.set(f"layout/{self._layout_id}", manifest.to_json())
+            self._plan_key, self._manifest = key, manifest
+        return dataclasses.replace(self._manifest, version=version)
+
+    def _collect(self, version: int) -> None:
+        """Every receiver confirmed ``version``: now and then, delete the confirmations
+        of older versions (nobody reads them again), so the store does not grow."""
+        if len(self._posted) < COLLECT_EVERY:
+            return
+        for old in (v for v in self._posted if v != version):
+            for rank in range(1, self.config.world_size):
+                self._store.delete_key(f"done/{old}/{rank}")
+        self._posted = [version]
 
     def _missing(self, version: int) -> list[int]:
         ranks = range(1, self.config.world_size)
         return [r for r in ranks if store_get(self._store, f"done/{version}/{r}") is None]
 
     def _wait_done(self, version: int, generation: int) -> None:
-        """Receivers mark a version done once staged; wait for all, within the deadline."""
-        deadline = time.monotonic() + self.config.timeout_s
-        while missing := self._missing(version):
-            if time.monotonic() > deadline:
-                raise SyncTimeoutError(
-                    f"ranks {missing} did not confirm version {version} "
-                    f"within {self.config.timeout_s:g}s",
-                    peer=f"{self.config.where}, generation {generation}",
-                )
-            time.sleep(0.002)
+        """Receivers mark a version done once staged; wait for all (the store wakes us
+        when the keys appear, no polling), within the deadline."""
+        keys = [f"done/{version}/{r}" for r in range(1, self.config.world_size)]
+        try:
+            self._store.wait(keys, datetime.timedelta(seconds=self.config.timeout_s))
+        except RuntimeError:  # DistStoreError too: past the deadline, or the store failed
+            missing = self._missing(version)
+            if not missing:
+                return
+            raise SyncTimeoutError(
+                f"ranks {missing} did not confirm version {version} "
+                f"within {self.config.timeout_s:g}s",
+                peer=f"{self.config.where}, generation {generation}",
+            ) from None
 
     def close(self) -> None:
         self._group = None
@@ -206,6 +320,9 @@ class DistReceiver:
         self._store = None
         self._group: _Group | None = None
         self._buffers: list = []
+        self._tensors: dict = {}  # views into _buffers, one per tensor of the layout
+        self._manifest: Manifest | None = None
+        self._layout_id: int | None = None
         self._layout: tuple | None = None
 
     def _board(self):
@@ -251,11 +368,14 @@ class DistReceiver:
 
     def _stage(self, after: int | None) -> tuple[int, dict[str, torch.Tensor]]:
         torch = require("torch", "torch.distributed weight sync")
-        header = torch.zeros(2, dtype=torch.int64, device=self.config.device)
+        header = torch.zeros(4, dtype=torch.int64, device=self.config.device)
         self._group.broadcast(header).wait()
-        version, count = (int(x) for x in header.tolist())
+        version, count, direct, layout = (int(x) for x in header.tolist())
         check_version(version, after, peer=self.peer)
-        manifest = Manifest.from_json(self._store.get(f"manifest/{version}"))
+        if layout != self._layout_id:  # a new layout: fetch it once
+            self._manifest = Manifest.from_json(self._store.get(f"layout/{layout}"))
+            self._layout_id = layout
+        manifest = dataclasses.replace(self._manifest, version=version)
         if len(manifest.buckets) != count:
             raise WeightSyncError(
                 f"version {version}: header says {count} buckets, manifest {len(manifest.buckets)}",
@@ -263,13 +383,17 @@ class DistReceiver:
             )
         if manifest.layout() != self._layout:
             self._buffers = alloc_buckets(manifest, self.config.device)
+            self._tensors = {}
+            for bucket, buf in zip(manifest.buckets, self._buffers, strict=True):
+                self._tensors.update(unpack_bucket(bucket, buf))  # views, made once
             self._layout = manifest.layout()
-        works = [self._group.broadcast(buf) for buf in self._buffers]
+        works = [
+            self._group.broadcast(self._buffers[seg.bucket][seg.start : seg.end])
+            for seg in segments(manifest, direct)
+        ]
         for work in works:
             work.wait()
-        tensors: dict[str, torch.Tensor] = {}
-        for bucket, buf in zip(manifest.buckets, self._buffers, strict=True):
-            tensors.update(unpack_bucket(bucket, buf))
+        tensors = dict(self._tensors)
         self._store.set(f"done/{version}/{self.rank}", "1")
         return version, tensors
 
@@ -277,3 +401,4 @@ class DistReceiver:
         self._group = None
         self._store = None
         self._buffers = []
+        self._tensors = {}

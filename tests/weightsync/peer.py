@@ -4,7 +4,8 @@
 DistPublisher until it serves version N, saving its weights to OUT/v<version>.pt.
 ``dist-publisher PORT TINY SEED VERSION [DIE_AFTER]``: publishes the perturbed tiny model;
 with DIE_AFTER it kills itself (os._exit) after that many broadcasts, mid-transfer.
-``mooncake-publisher BOARD_PORT``: publishes version 1, and version 2 after a line on stdin.
+``mooncake-publisher BOARD_PORT``: publishes version 1, then 2 and 3, each after a line on
+stdin (two slots: version 3 overwrites version 1's slot and collects its record).
 """
 
 from __future__ import annotations
@@ -87,9 +88,10 @@ def mooncake_publisher(board_port) -> None:
     publisher = MooncakePublisher(config)
     publisher.publish(mooncake_tensors(1), 1)
     print("published 1", flush=True)
-    sys.stdin.readline()
-    publisher.publish(mooncake_tensors(2), 2)
-    print("published 2", flush=True)
+    for version in (2, 3):
+        sys.stdin.readline()
+        publisher.publish(mooncake_tensors(version), version)
+        print(f"published {version}", flush=True)
     time.sleep(120)
 
 

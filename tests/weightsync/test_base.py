@@ -121,3 +121,23 @@ def test_import_is_light():
         "assert 'torch' not in sys.modules and 'mooncake' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_broadcast_segments_send_big_tensors_directly_and_cover_every_byte():
+    from gyre_env.weightsync.distributed import segments
+
+    named = named_list(tensors())
+    manifest = plan_buckets(named, bucket_bytes=8192, version=1)
+    plan = segments(manifest, direct_bytes=1000)
+    sizes = {n: t.numel() * t.element_size() for n, t in named}
+    assert {s.name for s in plan if s.name} == {n for n, b in sizes.items() if b >= 1000}
+    for spec in (t for b in manifest.buckets for t in b.tensors if t.nbytes):
+        i = next(i for i, b in enumerate(manifest.buckets) if spec in b.tensors)
+        holders = [s for s in plan if s.bucket == i and s.start <= spec.offset < s.end]
+        assert len(holders) == 1 and spec.offset + spec.nbytes <= holders[0].end, spec.name
+        assert holders[0].name in (None, spec.name)
+    # a packed run never swallows a direct tensor, and segments never overlap
+    for i in range(len(manifest.buckets)):
+        spans = sorted((s.start, s.end) for s in plan if s.bucket == i)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert all(s.name is None for s in segments(manifest, direct_bytes=1 << 30))

@@ -26,7 +26,10 @@ from gyre_env.weightsync import (
 )
 
 
-def test_engine_in_another_process_gets_exact_weights_in_order(tiny_path, tmp_path):
+def test_engine_in_another_process_gets_exact_weights_in_order(tiny_path, tmp_path, monkeypatch):
+    from gyre_env.weightsync import distributed
+
+    monkeypatch.setattr(distributed, "COLLECT_EVERY", 2)
     port = free_port()
     config = DistSyncConfig(port=port, timeout_s=20, bucket_bytes=1 << 20)
     publisher = DistPublisher(config)
@@ -35,11 +38,17 @@ def test_engine_in_another_process_gets_exact_weights_in_order(tiny_path, tmp_pa
         peer.expect("ready")
         for version, seed in ((1, 11), (2, 12)):
             sent = perturbed(tiny_path, seed)
+            # v1 packs every tensor; v2 sends those >= 4 kB straight from their memory
+            # (the receiver follows the publisher's header, whatever its own config says)
+            publisher.config.direct_bytes = (1 << 30) if version == 1 else 4096
             publisher.publish(sent, version)
             peer.expect(f"loaded {version}")
             got = torch.load(tmp_path / f"v{version}.pt")
             for name, t in sent.items():
                 assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
+        board = publisher._store  # confirmed versions' keys are collected, not kept forever
+        assert not board.check(["done/1/1"]) and board.check(["done/2/1"])
+        assert board.check([f"layout/{publisher._layout_id}"])  # posted once per layout
         with pytest.raises(VersionOrderError):
             publisher.publish(sent, 2)
     finally:

@@ -37,6 +37,15 @@ async def test_pull_between_two_processes_over_tcp():
                     await receiver.receive(1)  # nothing newer yet
                 publisher.send("next")
                 publisher.expect("published 2")
+        board = receiver._store()
+        assert board.check(["record/1"]) and board.check(["record/2"])
+        publisher.send("next")
+        publisher.expect("published 3")
+        # the newest `slots` (2) records stay; version 1's is collected with its slot
+        assert not board.check(["record/1"]) and board.check(["record/2", "record/3"])
+        got_version, got = await receiver.receive(None)
+        assert got_version == 3
+        assert all(torch.equal(got[n], t) for n, t in mooncake_tensors(3).items())
         publisher.kill()
         start = time.monotonic()
         with pytest.raises(WeightSyncError, match=rf"127.0.0.1:{port}|Mooncake publisher"):
