@@ -69,6 +69,11 @@ class Trainer(Protocol):
         """The weights a sync pushes, by Hugging Face name, as full (unsharded) tensors."""
         ...
 
+    def load_named_parameters(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Load full Hugging Face-named weights (what ``named_parameters`` yields, e.g. a
+        newer version another cell published) into the model; optimizer state is kept."""
+        ...
+
     def offload(self) -> None:
         """Free the training memory (weights, gradients, optimizer state) on the device."""
         ...

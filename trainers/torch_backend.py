@@ -242,6 +242,33 @@ class TorchTrainer:
                 tensor = tensor.full_tensor()
             yield name, tensor.detach()
 
+    def load_named_parameters(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy HF-named full tensors into the model (shapes and names checked first, so a
+        bad set changes nothing); the optimizer state is kept."""
+        own = self.model.state_dict()
+        unknown = sorted(set(tensors) - set(own))
+        if unknown:
+            raise KeyError(f"not parameters of this model: {unknown[:5]}")
+        for name, tensor in tensors.items():
+            if tuple(tensor.shape) != tuple(own[name].shape):
+                raise ValueError(
+                    f"{name}: shape {tuple(tensor.shape)}, expected {tuple(own[name].shape)}"
+                )
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                target = own[name]
+                if hasattr(target, "full_tensor"):  # an FSDP2 shard: copy this rank's part
+                    target.copy_(
+                        torch.distributed.tensor.distribute_tensor(
+                            tensor.to(target.dtype),
+                            target.device_mesh,
+                            target.placements,
+                            src_data_rank=None,  # every rank holds the full tensor
+                        )
+                    )
+                else:
+                    target.copy_(tensor)
+
     def offload(self) -> None:
         """Gradients dropped; on CUDA weights and optimizer state move to host memory."""
         self.optimizer.zero_grad(set_to_none=True)

@@ -208,12 +208,7 @@ class Cell:
         """Load the board's newest weights into the trainer's model if it is behind."""
         version, tensors = self.board.latest()
         if tensors and version > self.trainer_version:
-            import torch
-
-            with torch.no_grad():
-                own = self.trainer.model.state_dict()
-                for name, tensor in tensors.items():
-                    own[name].copy_(tensor)
+            self.trainer.load_named_parameters(tensors)  # any backend: HF names in
             self.trainer_version = version
         return self.trainer_version
 

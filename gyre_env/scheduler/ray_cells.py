@@ -66,7 +66,7 @@ class _Rank:
         return self.group.version
 
     def weights(self) -> dict:
-        return {k: v.clone() for k, v in self.group.trainer.model.state_dict().items()}
+        return {k: v.clone() for k, v in self.group.trainer.named_parameters()}
 
     def has_optimizer_state(self) -> bool:
         opt = self.group.trainer.optimizer

@@ -38,8 +38,12 @@ def _rank(rank: int, world: int, folder: str, port: int, out: str) -> None:
         dist.all_reduce(loss)  # each rank's loss is its share over the global normalizer
         metrics.append((float(loss), m["grad_norm"]))
     state = dict(trainer.named_parameters())
+    # Full HF-named tensors back into the shards (what a cell does with a newer version).
+    trainer.load_named_parameters({k: v + 1.0 for k, v in state.items()})
+    reloaded = dict(trainer.named_parameters())
+    shifted = all(torch.equal(reloaded[k], v + 1.0) for k, v in state.items())
     if rank == 0:
-        torch.save({"metrics": metrics, "state": state}, out)
+        torch.save({"metrics": metrics, "state": state, "reload_ok": shifted}, out)
     dist.destroy_process_group()
 
 
@@ -60,6 +64,7 @@ def test_two_gloo_ranks_with_fsdp2_equal_one_process(tmp_path):
     assert all(len(b.units) >= 2 for b in batches)
     mp.spawn(_rank, args=(2, str(folder), port, str(out)), nprocs=2, join=True)
     two = torch.load(out, weights_only=False)
+    assert two["reload_ok"]  # load_named_parameters under FSDP2
 
     one = TorchTrainer(folder, TorchTrainerConfig(lr=1e-2, device="cpu"))
     for (loss2, norm2), batch in zip(two["metrics"], batches, strict=True):

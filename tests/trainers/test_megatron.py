@@ -214,8 +214,15 @@ def test_resume_offload_and_save_pretrained(megatron_world, model_dir, tmp_path)
     assert abs(la - lb) <= 1e-6 and a.version == b_.version == 3
     for (n, x), (_, y) in zip(a.named_parameters(), b_.named_parameters(), strict=True):
         assert torch.equal(x, y), n
-    fresh = MegatronTrainer(model_dir, cfg, loss)  # HF-named weights in, as a cell syncs
-    fresh.load_named_parameters(dict(a.named_parameters()))
+    # HF-named weights in, as an elastic cell holding a Megatron trainer syncs them.
+    from gyre_env.scheduler.cell import Cell
+    from gyre_env.scheduler.versions import WeightBoard
+
+    fresh = MegatronTrainer(model_dir, cfg, loss)
+    board = WeightBoard()
+    cell = Cell(0, None, fresh, board=board)
+    board.publish(a.version, dict(a.named_parameters()))
+    assert cell.sync_trainer() == a.version
     for (n, x), (_, y) in zip(a.named_parameters(), fresh.named_parameters(), strict=True):
         assert torch.equal(x, y), n
     folder = a.save_pretrained(tmp_path / "hf")
