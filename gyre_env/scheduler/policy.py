@@ -148,6 +148,10 @@ class Observation:
     train_tokens_per_s: float
     """Measured training throughput of one cell (tokens/s)."""
 
+    groups_discarded: int = 0
+    """Groups finished with no learning signal (filtered: never trained on). Included in
+    ``groups_trained``. (Groups dropped as too stale are not: refilling the bound with
+    them would admit more work the more of it goes stale.)"""
     in_step: tuple[bool, ...] = ()
     """Cells computing the running step (empty: not reported; then every settled training
     cell counts as in it while ``step_running``)."""
@@ -189,10 +193,12 @@ class Policy(Protocol):
 
 
 def staleness_admits(obs: Observation, eta: int) -> int:
-    """Groups the AReaL-style bound admits now: the groups started may not exceed
-    ``(trainer_version + eta + 1) * groups_per_step`` (rollouts more than ``eta`` versions
-    ahead of the trainer are held back)."""
-    limit = (obs.trainer_version + eta + 1) * obs.groups_per_step
+    """Groups the AReaL-style bound admits now: the groups started, less those filtered out
+    as carrying no learning signal (``groups_discarded``), may not exceed ``(trainer_version + eta + 1)
+    * groups_per_step`` (rollouts more than ``eta`` versions ahead of the trainer are held
+    back). Counting the discarded ones would shrink the work in flight by them at every
+    step until no batch can fill."""
+    limit = (obs.trainer_version + eta + 1) * obs.groups_per_step + obs.groups_discarded
     return max(0, limit - obs.groups_started)
 
 
@@ -218,7 +224,8 @@ class WaterlevelPolicy:
       a cell stays ``min_dwell_factor`` x its switch cost in a role;
     - rollouts are admitted within the staleness bound (``obs.staleness_bound``);
     - under low load (no queue) a step takes up to ``max_batch_growth`` x the configured
-      batch of what is ready instead of leaving the rollout slots idle.
+      batch of what is ready instead of leaving the rollout slots idle, unless admissions
+      wait on the trainer (a grown step would spend more groups on one version).
 
     Source: the elastic RL design for long-horizon agents (2026) this project follows; the
     switch-cost gate, the batch-sized training side and batch growth are Gyre's.
@@ -230,8 +237,6 @@ class WaterlevelPolicy:
     """Switch only when expected gain > margin x switch cost."""
     min_dwell_factor: float = 1.0
     max_batch_growth: float = 2.0
-    max_switch_overhead: float = 0.1
-    """Largest share of a moved cell's step work that its switch round trip may cost."""
     _finished: list = field(default_factory=list, repr=False)
     """(time, groups finished so far) each time that count changed, the last 64."""
 
@@ -264,25 +269,28 @@ class WaterlevelPolicy:
         return missing / rate if rate > 0 else math.inf
 
     def training_cells_wanted(self, obs: Observation) -> int:
-        """Cells for the next step, no more than keep each one's switch round trip under
-        ``max_switch_overhead`` of its share of the step:
+        """Cells for the next step: the cells whose rollout slots are idle now, and more
+        while they are worth their switch (the n-th cell saves ``W / (n (n - 1))`` seconds
+        of a step of ``W`` cell-seconds, which must beat ``gain_margin`` x the switch round
+        trip), up to
 
-        - every spare cell when admissions wait on the trainer (the staleness bound is
-          reached: the step is on the rollouts' critical path);
-        - else enough to finish the batch by the time the next one is due (all spare cells
-          while that is unknown), and at least the cells whose slots are idle now."""
+        - all spare cells when admissions wait on the trainer (the staleness bound is
+          reached: the step is on the rollouts' critical path) or the batch rate is not
+          known yet;
+        - else the cells that finish the batch by the time the next one is due."""
         per_group = obs.ready_tokens / obs.groups_ready if obs.groups_ready else 0.0
         work = per_group * obs.groups_per_step / max(obs.train_tokens_per_s, 1e-9)  # cell-s
+        x = work / max(self.gain_margin * obs.switch_costs.round_trip_s, 1e-9)
+        worth = int((1.0 + math.sqrt(1.0 + 4.0 * x)) / 2.0)  # largest n: n (n - 1) <= x
         spare = max(1, obs.n_cells - self.min_rollout_cells)
-        amortised = int(work * self.max_switch_overhead / max(obs.switch_costs.round_trip_s, 1e-9))
         rate = self.group_rate(obs)
+        c_e = max(obs.capacity, default=1) or 1
+        idle_now = max(0, (obs.rollout_capacity - obs.waterlevel) // c_e)
         if staleness_admits(obs, obs.staleness_bound) == 0 or rate <= 0:
             wanted = spare
         else:
-            c_e = max(obs.capacity, default=1) or 1
-            idle_now = (obs.rollout_capacity - obs.waterlevel) // c_e
-            wanted = max(math.ceil(work * rate / obs.groups_per_step), idle_now)
-        return max(1, min(spare, amortised, wanted))
+            wanted = math.ceil(work * rate / obs.groups_per_step)
+        return max(1, min(spare, max(min(worth, wanted), idle_now)))
 
     # ---- the switches -------------------------------------------------------------------------
     def _idle_training(self, obs: Observation) -> list[int]:
@@ -332,6 +340,8 @@ class WaterlevelPolicy:
             return 0
         if obs.switching_to(Role.TRAINING) and settled < self.training_cells_wanted(obs):
             return 0  # the cells on their way join this step
-        growth = int(obs.groups_per_step * self.max_batch_growth)
-        # low load (no queue): take what is ready up to the grown batch
-        return min(obs.groups_ready, growth if obs.queue == 0 else obs.groups_per_step)
+        # low load (no queue), and admissions not waiting on the trainer (a grown step
+        # advances the version once for more groups): up to the grown batch of what is ready
+        if obs.queue == 0 and staleness_admits(obs, obs.staleness_bound) > 0:
+            return min(obs.groups_ready, int(obs.groups_per_step * self.max_batch_growth))
+        return obs.groups_per_step

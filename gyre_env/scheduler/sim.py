@@ -98,7 +98,7 @@ class Simulation:
         self.group_info: dict[int, tuple[bool, int, int]] = {}  # trained?, tokens, episodes
         self.ready: deque = deque()  # (group, tokens, [min versions], episodes)
         self.ready_tokens = 0
-        self.groups_trained = 0
+        self.groups_trained = self.groups_discarded = 0
         self.trainer_version = 0
         self.step_cells: list[int] = []
         self.step_groups: list = []
@@ -353,6 +353,7 @@ class Simulation:
         else:
             self.stats["filtered"] += 1
             self.groups_trained += 1
+            self.groups_discarded += 1
         self._decide()
 
     # ---- training -----------------------------------------------------------------------
@@ -523,6 +524,7 @@ class Simulation:
             groups_running=self.groups_running,
             groups_ready=len(self.ready),
             groups_trained=self.groups_trained,
+            groups_discarded=self.groups_discarded,
             ready_tokens=self.ready_tokens,
             groups_per_step=t.groups_per_step,
             groups_per_iteration=t.batch_groups,

@@ -64,6 +64,7 @@ class Checked(Simulation):
         super()._admit(groups)
         t = self.cfg.training
         limit = (self.trainer_version + t.staleness_bound + 1) * t.groups_per_step
+        limit += self.groups_discarded
         self.max_started_over_bound = max(self.max_started_over_bound, self.group_started - limit)
 
 
@@ -90,6 +91,21 @@ def test_async_overlaps_and_respects_the_staleness_bound():
     assert sim.served_during_step > 0  # it is asynchronous
     assert sim.max_started_over_bound <= 0
     assert max(r.staleness) <= cfg.training.staleness_bound
+
+
+@pytest.mark.parametrize("name", ["async", "waterlevel"])
+def test_filtered_groups_do_not_starve_the_staleness_bound(name):
+    # 40% of groups carry no learning signal: they finish but are never trained on. If they
+    # counted against the bound, each step would spend 5/3 of what a version admits and the
+    # work in flight would shrink until no batch fills (steps stop).
+    cfg = small(duration_s=6 * 3600.0)
+    cfg.workload.zero_variance_fraction = 0.4
+    make = policy_factories(cfg)[name]
+    sim, r = run_checked(cfg, make(2) if name == "async" else make())
+    half = r.duration_s / 2
+    first = sum(t < half for t in r.step_end_times)
+    assert first >= 5 and len(r.step_end_times) - first >= 0.7 * first
+    assert sim.max_started_over_bound <= 0
 
 
 @pytest.mark.parametrize("name", ["colocated", "static_split", "async", "dynamic", "waterlevel"])
@@ -159,11 +175,13 @@ def test_waterlevel_trains_when_the_queue_drains_and_serves_when_it_rises():
     # low water, a batch ready: cells go to training (all but one: nothing is in flight)
     d = policy.decide(_obs(waterlevel=0, groups_ready=4, ready_tokens=200_000))
     assert {s.to for s in d.switches} == {Role.TRAINING} and len(d.switches) == 3
-    # some calls in flight, still under C_R - C_e: one cell at a time
-    d = policy.decide(
-        _obs(waterlevel=10, in_flight=(5, 5, 0, 0), groups_ready=4, ready_tokens=200_000)
-    )
-    assert [s.to for s in d.switches] == [Role.TRAINING]
+    # some calls in flight, a batch ready: the cells the step is worth, least loaded first
+    # (100 cell-s of work: a 3rd cell saves 17 s > the 12 s round trip, a 4th 8 s)
+    busy = dict(waterlevel=10, in_flight=(5, 5, 0, 0), groups_ready=4)
+    d = WaterlevelPolicy().decide(_obs(**busy, ready_tokens=200_000))
+    assert [s.to for s in d.switches] == [Role.TRAINING] * 3
+    d = WaterlevelPolicy().decide(_obs(**busy, ready_tokens=50_000))  # 25 cell-s: two cells
+    assert sorted((s.cell, s.to) for s in d.switches) == [(2, Role.TRAINING), (3, Role.TRAINING)]
     # high water: requests queue for slots -> idle training cells come back, as many as
     # the queue fills (8 queued requests: one cell of 8 slots; 32: all three)
     roles = (Role.ROLLOUT, Role.TRAINING, Role.TRAINING, Role.TRAINING)
@@ -205,13 +223,20 @@ def test_waterlevel_never_recalls_a_cell_inside_the_running_step():
 
 
 def test_waterlevel_sizes_the_step_and_waits_for_its_cells():
-    # a batch of 2 x 300k tokens at 1000 tok/s: 600 cell-s; round trip 12 s: up to 5 cells
-    # keep the switch overhead under 10%; admissions wait on the trainer (started groups at
-    # the bound), so the step wants every spare cell (3 of 4)
+    # a batch of 2 x 300k tokens at 1000 tok/s: 600 cell-s; round trip ~12 s: a 7th cell
+    # saves 600 / 42 s > 12 s, an 8th 600 / 56 s < 12 s; admissions wait on the trainer
+    # (started groups at the bound), so the step wants every spare cell (3 of 4)
     policy = WaterlevelPolicy()
     gated = dict(groups_ready=2, ready_tokens=600_000, groups_started=6, waterlevel=20)
     gated["in_flight"] = (5, 5, 5, 5)
     assert policy.training_cells_wanted(_obs(**gated)) == 3
+    full = dict(gated, n=10, roles=(Role.ROLLOUT,) * 10, in_flight=(8,) * 10, waterlevel=80)
+    assert policy.training_cells_wanted(_obs(**full)) == 7
+    # a small step is not worth many switches: 60 cell-s, the 2nd cell saves 30 s, the 3rd 10
+    assert policy.training_cells_wanted(_obs(**dict(full, ready_tokens=60_000))) == 2
+    # ... but cells whose slots are idle anyway all join: 20 calls on 10 x 8 slots
+    idle = dict(full, ready_tokens=60_000, waterlevel=20, in_flight=(2,) * 10)
+    assert policy.training_cells_wanted(_obs(**idle)) == 7
     d = policy.decide(_obs(**gated))
     assert [s.to for s in d.switches] == [Role.TRAINING] * 3 and d.train_groups == 0
     # one cell has arrived, two are still switching: the step waits for them
