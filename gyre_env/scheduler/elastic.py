@@ -115,6 +115,8 @@ class ElasticResult:
     wall_s: float = 0.0
     groups_run: int = 0
     migration_failures: int = 0
+    evals: list[dict] = field(default_factory=list)
+    """Held-out evaluations (``gyre train --elastic``: initial, SFT and final model)."""
     """Migrations past their window (re-prefilled instead)."""
 
     def busy_fraction(self, cell: int) -> float:

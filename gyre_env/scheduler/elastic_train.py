@@ -4,10 +4,14 @@ The same pieces as the synchronous loop (``gyre_env.train.loop``): the model fol
 task pool, the store, ``run_episodes`` for a GRPO group's episodes (the LangGraph agent,
 sandboxes, the proxy), ``units_of`` for packed units, and the torch trainer's loss; but
 N cells change roles at runtime under Gyre's waterlevel policy, and one optimizer step
-runs whenever the policy asks for one. Not here (yet): the SFT warm start, held-out
-evaluation and checkpoint/resume; the run writes ``store.db``, ``episodes.jsonl`` and
-``elastic.json`` (steps with their reward, switches with phase times, the role timeline,
-per-cell busy seconds, the staleness histogram).
+runs whenever the policy asks for one. Like the synchronous loop, a run starts with the
+held-out evaluation of the initial model and the SFT warm start (the synchronous loop's
+own phases, in ``OUT/warm-start/``; skipped with ``sft.trajectories = 0``) and ends with
+the held-out evaluation of the trained weights (``OUT/eval-rl/``), which are written to
+``OUT/model``. Not here (yet): checkpoint/resume of the elastic phase. The run writes
+``store.db``, ``episodes.jsonl`` and ``elastic.json`` (steps with their reward, switches
+with phase times, the role timeline, per-cell busy seconds, the staleness histogram, the
+held-out pass rates).
 """
 
 from __future__ import annotations
@@ -70,8 +74,33 @@ class EpisodeWorkload:
         return group.tokens
 
 
+def warm_start(cfg: TrainConfig) -> tuple[TrainConfig, list[dict]]:
+    """The synchronous loop's first phases (held-out eval of the initial model, gold SFT,
+    held-out eval of the SFT model) in ``OUT/warm-start``; returns ``cfg`` pointed at the
+    SFT model (unchanged when SFT is off) and the eval rows."""
+    import dataclasses
+
+    from gyre_env.train.loop import train
+
+    if not (cfg.sft.trajectories and cfg.sft.steps):
+        return cfg, []
+    pre = dataclasses.replace(
+        cfg,
+        out=str(cfg.out_dir / "warm-start"),
+        schedule=dataclasses.replace(cfg.schedule, iterations=0),
+    )
+    summary = train(pre, resume=(pre.out_dir / "checkpoints" / "ckpt.pt").is_file())
+    if summary.interrupted:
+        raise KeyboardInterrupt
+    model = pre.out_dir / "model-sft"
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model))), (
+        summary.evals
+    )
+
+
 def train_elastic(cfg: TrainConfig, cells: int):
-    """Run ``cfg``'s RL phase on ``cells`` elastic cells; returns the ``ElasticResult``."""
+    """Warm start, then ``cfg``'s RL phase on ``cells`` elastic cells, then the held-out
+    evaluation; returns the ``ElasticResult``."""
     from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
     from gyre_env.agents.serving import ModelService, ModelServiceConfig
     from gyre_env.engines.tiny import load_tokenizer
@@ -81,6 +110,7 @@ def train_elastic(cfg: TrainConfig, cells: int):
     from gyre_env.train.loop import (
         _KeepOpen,
         check_store_tokenizer,
+        evaluate_heldout,
         load_tasks,
         prepare_model,
         split_pool,
@@ -91,6 +121,7 @@ def train_elastic(cfg: TrainConfig, cells: int):
     cfg.validate()
     out = cfg.out_dir
     out.mkdir(parents=True, exist_ok=True)
+    cfg, evals = warm_start(cfg)
     model_dir = prepare_model(cfg)
     train_pool, _ = load_tasks(cfg)
     _, rl_tasks = split_pool(cfg, train_pool)
@@ -132,9 +163,13 @@ def train_elastic(cfg: TrainConfig, cells: int):
             router=pool.proxy.core.router, config=config, clock=clock, costs=pool.costs,
         )  # fmt: skip
         result = driver.run()
+        _export_newest(pool, tokenizer, out / "model")
     finally:
         pool.close()
         store.close()
+    if cfg.tasks.heldout_count:
+        evals.append(evaluate_heldout(cfg, out / "model", out / "eval-rl", "rl"))
+    result.evals = evals
     _write(out / "elastic.json", result)
     for rec in result.switches:
         print(rec.summary(), flush=True)
@@ -144,7 +179,18 @@ def train_elastic(cfg: TrainConfig, cells: int):
         print(f"step {s['step']} on cells {s['cells']}: {shown}, loss {s['loss']:.4f}", flush=True)
     print(f"elastic: {len(result.steps)} steps, {len(result.switches)} switches, "
           f"{time.monotonic() - t0:.0f}s; {out / 'elastic.json'}", flush=True)  # fmt: skip
+    if evals:
+        rates = ", ".join(f"{e['phase']} {e['pass_rate']:.3f}" for e in evals)
+        print(f"held-out pass rate: {rates}", flush=True)
     return result
+
+
+def _export_newest(pool, tokenizer, folder) -> None:
+    """The newest published weights as a Hugging Face folder (the model the run made)."""
+    cell = pool.cells[0]
+    cell.sync_trainer()
+    cell.trainer.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 def _write(path, result) -> None:
@@ -164,5 +210,6 @@ def _write(path, result) -> None:
         "seconds": result.seconds,
         "staleness": result.staleness,
         "wall_s": result.wall_s,
+        "evals": result.evals,
     }
     path.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")

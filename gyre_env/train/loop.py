@@ -483,6 +483,25 @@ class _KeepOpen:
         """The run closes the store."""
 
 
+def evaluate_heldout(cfg: TrainConfig, model: Path, out: Path, phase: str) -> dict:
+    """Held-out evaluation of the Hugging Face folder ``model`` with ``cfg``'s tasks and
+    rollout settings, as a run of its own under ``out``; returns the eval row (what
+    ``gyre train`` logs as ``eval``). The elastic driver evaluates its result with it."""
+    sub = dataclasses.replace(
+        cfg,
+        out=str(out),
+        model=dataclasses.replace(cfg.model, path=str(model)),
+        sft=dataclasses.replace(cfg.sft, trajectories=0),
+        schedule=dataclasses.replace(cfg.schedule, iterations=0),
+    )
+    run = _Run(sub, resume=False)
+    try:
+        run.open()
+        return run.evaluate(phase)
+    finally:
+        run.close()
+
+
 def units_of(trees, cfg: TrainConfig):
     """Packed units of ``trees`` under the run's sampling config."""
     from gyre_env.trajectory.packing import pack

@@ -16,6 +16,7 @@ TINY = [
     "model.context_length=1024", "tasks.train_count=50", "tasks.heldout_count=2",
     "rollout.group_size=2", "rollout.tasks_per_iteration=2", "rollout.max_new_tokens=16",
     "rollout.max_steps=1", "algorithm.skip_zero_variance=false", "schedule.optimizer_steps=2",
+    "sft.trajectories=2", "sft.steps=2", "sft.batch_size=2",
 ]  # fmt: skip
 
 
@@ -32,4 +33,9 @@ def test_gyre_train_elastic_switches_roles_and_trains(tmp_path, capsys):
     assert {"stop_admitting", "release", "onload"} <= set(data["switches"][0]["phases"])
     assert {state for _, state, _, _ in data["timeline"]} >= {"rollout", "training"}
     assert (out / "store.db").is_file() and (out / "episodes.jsonl").is_file()
-    assert "switches" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "switches" in printed and "held-out pass rate: random" in printed
+    # Warm start (the synchronous loop's phases), then the trained weights evaluated.
+    assert [e["phase"] for e in data["evals"]] == ["random", "sft", "rl"]
+    assert (out / "warm-start" / "model-sft").is_dir() and (out / "model").is_dir()
+    assert all(e["episodes"] == 2 for e in data["evals"])
