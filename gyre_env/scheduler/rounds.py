@@ -45,8 +45,21 @@ class EpisodeTable:
         self.score_s = np.zeros(rows)
         self.ep = np.zeros(rows, np.int64)
         """Global episode id (``group * group_size + k``)."""
+        self.cur_prompt = np.zeros(rows, np.int64)
+        self.cur_output = np.zeros(rows, np.int64)
+        """New prompt and output tokens of each row's current turn."""
+        self.measured = False
+        """Whether any episode loaded so far replays measured call times."""
         self._alloc(turns)
         self.free_rows = list(range(rows - 1, -1, -1))
+
+    def advance(self, rows, turn) -> None:
+        """Rows move from ``turn`` to the next one: context and current-turn tokens."""
+        self.ctx[rows] += self.cur_prompt[rows] + self.cur_output[rows]
+        nxt = np.minimum(turn + 1, self.prompt.shape[1] - 1)
+        self.cur_prompt[rows] = self.prompt[rows, nxt]
+        self.cur_output[rows] = self.output[rows, nxt]
+        self.turn[rows] = turn + 1
 
     def _alloc(self, turns: int) -> None:
         rows = len(self.phase)
@@ -72,6 +85,9 @@ class EpisodeTable:
         self.output[row, :n] = episode.output
         self.tool[row, :n] = episode.tool_s
         self.call[row, :n] = episode.call_s if episode.call_s is not None else np.nan
+        self.measured = self.measured or episode.call_s is not None
+        if n:
+            self.cur_prompt[row], self.cur_output[row] = self.prompt[row, 0], self.output[row, 0]
         self.turn[row], self.nturns[row], self.ctx[row] = 0, n, 0
         self.minv[row], self.ep[row], self.fixed[row] = version, ep_id, np.nan
         self.score_s[row] = episode.scoring_s
@@ -117,7 +133,8 @@ def serving_sweep(t0, t1, load0, serving, cells, times, deltas):
     touched = np.zeros(len(load0), bool)
     slot_s = serve_s = 0.0
     if len(cells):
-        o = np.lexsort((times, cells))
+        # one sort by cell, then time: the time as a fraction of the round below each id
+        o = np.argsort(cells + (times - t0) / (2.0 * dt if dt > 0 else 1.0), kind="stable")
         c, t, d = cells[o], times[o], deltas[o]
         touched[c] = True
         first = np.empty(len(c), bool)

@@ -111,6 +111,8 @@ class Simulation:
         self.staleness: dict[int, int] = {}
         self.step_end_times: list[float] = []
         self._obs_cells: tuple | None = None
+        self._is_rollout = np.array([r is Role.ROLLOUT for r in self.role], bool)
+        self._is_switching = np.zeros(n, bool)
         self._refresh()
         for i in range(n):
             self._gantt_mark(i, self._label(i))
@@ -168,14 +170,13 @@ class Simulation:
         """Every episode event before ``t1``, then the time ``[t, t1)`` accounted."""
         t0, tab = self.t, self.tab
         self.rounds += 1
-        if self.n_queued:
+        if self.n_queued and self.n_calls < self._cap_r:
             self._match(t0, None, None)
         while True:
             due = np.flatnonzero(tab.t < t1)
             if not len(due):
                 break
             self.events += len(due)
-            due = due[np.argsort(tab.t[due], kind="stable")]
             phase = tab.phase[due]
             freed = self._complete(due[phase == CALL])
             arrive = due[phase == WAIT]
@@ -184,7 +185,8 @@ class Simulation:
                 tab.arr[arrive] = tab.t[arrive]
                 tab.t[arrive] = np.inf
                 self.n_queued += len(arrive)
-            for row in due[phase == SCORE].tolist():
+            ending = due[phase == SCORE]
+            for row in ending[np.argsort(tab.t[ending], kind="stable")].tolist():
                 self._episode_end(row)
             if self.n_queued:
                 self._match(t0, *freed)
@@ -202,10 +204,9 @@ class Simulation:
         tab = self.tab
         cells, tc, turn = tab.cell[rows], tab.t[rows], tab.turn[rows]
         self.load -= np.bincount(cells, minlength=len(self.load))
-        tab.ctx[rows] += tab.prompt[rows, turn] + tab.output[rows, turn]
-        tab.turn[rows] = turn + 1
-        tab.phase[rows] = WAIT
         tab.t[rows] = tc + tab.tool[rows, turn]
+        tab.advance(rows, turn)
+        tab.phase[rows] = WAIT
         last = rows[turn + 1 >= tab.nturns[rows]]
         if len(last):
             tab.phase[last] = SCORE
@@ -254,13 +255,13 @@ class Simulation:
         new prompt tokens at the prefill rate plus output tokens at the per-request decode
         rate, slowed by the cell's batch and the context."""
         tab = self.tab
-        turn = tab.turn[rows]
         prefill, decode, slowdown, half = self._call_model
-        new = tab.prompt[rows, turn]
+        new = tab.cur_prompt[rows]
         slow = (1.0 + slowdown * (inflight - 1)) * (1.0 + (tab.ctx[rows] + new) / half)
-        dur = new / prefill + tab.output[rows, turn] * slow / decode
-        measured = tab.call[rows, turn]
-        dur = np.where(np.isnan(measured), dur, measured)
+        dur = new / prefill + tab.cur_output[rows] * slow / decode
+        if tab.measured:
+            measured = tab.call[rows, tab.turn[rows]]
+            dur = np.where(np.isnan(measured), dur, measured)
         fixed = tab.fixed[rows]
         tab.fixed[rows] = np.nan
         return np.where(np.isnan(fixed), dur, fixed)
@@ -358,9 +359,9 @@ class Simulation:
 
     # ---- training -----------------------------------------------------------------------
     def _start_step(self, groups: int) -> None:
-        cells = [i for i, r in enumerate(self.role) if r is Role.TRAINING and not self.switching[i]]
-        if self.step_cells or not cells or not self.ready:
+        if self.step_cells or not self.ready or not self._n_training:
             return
+        cells = [i for i, r in enumerate(self.role) if r is Role.TRAINING and not self.switching[i]]
         bound = self.cfg.training.staleness_bound
         taken, tokens = [], 0
         while self.ready and len(taken) < groups:
@@ -410,7 +411,7 @@ class Simulation:
         if self.switching[cell] or self.role[cell] is to or cell in self.step_cells:
             return
         c = self.cfg.cells
-        self.switching[cell] = True
+        self.switching[cell] = self._is_switching[cell] = True
         self.switch_started[cell] = self.t
         self.stats["switches"] += 1
         self._refresh()
@@ -427,7 +428,7 @@ class Simulation:
         c, tab = self.cfg.cells, self.tab
         rows = np.flatnonzero((tab.phase == CALL) & (tab.cell == cell))
         if len(rows):
-            ctx = tab.ctx[rows] + tab.prompt[rows, tab.turn[rows]]
+            ctx = tab.ctx[rows] + tab.cur_prompt[rows]
             delay = ctx * c.kv_bytes_per_token / (c.link_gb_per_s * 1e9)
             failed = delay > c.migration_window_s  # RDMA_TRANSFER_FAILED: re-prefill instead
             delay = np.where(failed, ctx / c.prefill_tokens_per_s, delay)
@@ -447,7 +448,8 @@ class Simulation:
         to = Role.TRAINING if self.role[cell] is Role.ROLLOUT else Role.ROLLOUT
         self.switch_costs.observe(to, self.t - self.switch_started[cell])
         self.role[cell] = to
-        self.switching[cell] = False
+        self._is_rollout[cell] = to is Role.ROLLOUT
+        self.switching[cell] = self._is_switching[cell] = False
         self.last_switch[cell] = self.t
         self.version[cell] = self.trainer_version
         self._refresh()
@@ -459,8 +461,7 @@ class Simulation:
     # ---- accounting ------------------------------------------------------------------------
     def _refresh(self) -> None:
         """Per-role counts and the serving mask, after a role or switch change."""
-        rollout = np.array([r is Role.ROLLOUT for r in self.role], bool)
-        sw = np.array(self.switching, bool)
+        rollout, sw = self._is_rollout, self._is_switching
         self._serving = rollout & ~sw
         self._n_serving = int(self._serving.sum())
         self._cap_r = int(self.cap[self._serving].sum())
