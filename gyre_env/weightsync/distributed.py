@@ -220,10 +220,9 @@ class DistPublisher:
         packed = [s.end - s.start for s in plan if s.name is None]
         staging = self._staging(max(packed)) if packed else []
         header = [manifest.version, len(manifest.buckets), direct, self._layout_id]
-        header = torch.tensor(header, dtype=torch.int64)
-        group.broadcast(header.to(device)).wait()
+        header = torch.tensor(header, dtype=torch.int64).to(device)
         works: list = [None, None]  # the last broadcast out of each staging buffer
-        direct_works: list = []
+        direct_works: list = [group.broadcast(header)]  # not waited for: ops stay in order
         slot = 0
         for seg in plan:
             if seg.name is not None:
