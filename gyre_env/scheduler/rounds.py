@@ -61,6 +61,22 @@ class EpisodeTable:
         self.cur_output[rows] = self.output[rows, nxt]
         self.turn[rows] = turn + 1
 
+    def durations(self, rows, inflight, call_model) -> np.ndarray:
+        """Next call of each of ``rows``: a migrated call's rest, else the trace's measured
+        time, else the cell model (``call_model``: prefill and decode tokens/s, batch
+        slowdown, half-speed context): new prompt tokens at the prefill rate plus output
+        tokens at the per-request decode rate, slowed by the batch and the context."""
+        prefill, decode, slowdown, half = call_model
+        new = self.cur_prompt[rows]
+        slow = (1.0 + slowdown * (inflight - 1)) * (1.0 + (self.ctx[rows] + new) / half)
+        dur = new / prefill + self.cur_output[rows] * slow / decode
+        if self.measured:
+            measured = self.call[rows, self.turn[rows]]
+            dur = np.where(np.isnan(measured), dur, measured)
+        fixed = self.fixed[rows]
+        self.fixed[rows] = np.nan
+        return np.where(np.isnan(fixed), dur, fixed)
+
     def _alloc(self, turns: int) -> None:
         rows = len(self.phase)
         old = getattr(self, "prompt", None)

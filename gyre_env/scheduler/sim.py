@@ -173,9 +173,13 @@ class Simulation:
         if self.n_queued and self.n_calls < self._cap_r:
             self._match(t0, None, None)
         while True:
+            t1 = min(t1, self._heap[0][0])
             due = np.flatnonzero(tab.t < t1)
             if not len(due):
                 break
+            cut = self._group_cut(due, t1)
+            if cut < t1:  # a group ends inside: the round stops there, for its decision
+                due, t1 = due[tab.t[due] <= cut], cut
             self.events += len(due)
             phase = tab.phase[due]
             freed = self._complete(due[phase == CALL])
@@ -193,6 +197,22 @@ class Simulation:
         self._accrue(t0, t1)
         self.t = t1
         self._after_round()
+
+    def _group_cut(self, due: np.ndarray, t1: float) -> float:
+        """When the first group that the calls ending among ``due`` complete is done, if
+        before ``t1`` (else ``t1``)."""
+        tab = self.tab
+        calls = due[tab.phase[due] == CALL]
+        last = calls[tab.turn[calls] + 1 >= tab.nturns[calls]]
+        if not len(last):
+            return t1
+        turn = tab.turn[last]
+        done = tab.t[last] + tab.tool[last, turn] + tab.score_s[last]
+        size, ends, count = self.workload.group_size, {}, {}
+        for g, t in zip((tab.ep[last] // size).tolist(), done.tolist(), strict=True):
+            ends[g] = max(ends.get(g, self.group_end[g]), t)
+            count[g] = count.get(g, 0) + 1
+        return min([t1] + [ends[g] for g in ends if count[g] == self.group_left[g]])
 
     def _after_round(self) -> None:
         """Hook for checks after each round (tests)."""
@@ -239,7 +259,7 @@ class Simulation:
         start = np.maximum(tab.arr[rows], slot_t[:m])
         self.load += np.bincount(cells, minlength=n)
         inflight = np.concatenate((plv, self.load[cells[len(plv) :]]))[:m]
-        dur = self._durations(rows, inflight)
+        dur = tab.durations(rows, inflight, self._call_model)
         tab.phase[rows] = CALL
         tab.cell[rows] = cells
         tab.t[rows] = start + dur
@@ -249,22 +269,6 @@ class Simulation:
         self.served += m
         self.call_s_mean = rolling_mean(self.call_s_mean, dur)
         self._ev.append((cells, start, np.ones(m, np.int64)))
-
-    def _durations(self, rows: np.ndarray, inflight: np.ndarray) -> np.ndarray:
-        """A migrated call's rest, else the trace's measured time, else the cell model:
-        new prompt tokens at the prefill rate plus output tokens at the per-request decode
-        rate, slowed by the cell's batch and the context."""
-        tab = self.tab
-        prefill, decode, slowdown, half = self._call_model
-        new = tab.cur_prompt[rows]
-        slow = (1.0 + slowdown * (inflight - 1)) * (1.0 + (tab.ctx[rows] + new) / half)
-        dur = new / prefill + tab.cur_output[rows] * slow / decode
-        if tab.measured:
-            measured = tab.call[rows, tab.turn[rows]]
-            dur = np.where(np.isnan(measured), dur, measured)
-        fixed = tab.fixed[rows]
-        tab.fixed[rows] = np.nan
-        return np.where(np.isnan(fixed), dur, fixed)
 
     def _accrue(self, t0: float, t1: float) -> None:
         dt = t1 - t0
