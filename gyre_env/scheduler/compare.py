@@ -119,7 +119,8 @@ def compare(cfg: SimConfig, *, sweeps: bool = True, progress=None) -> Comparison
 
 def _variant(cfg: SimConfig, what: str, value: float) -> SimConfig:
     v = copy.deepcopy(cfg)
-    v.duration_s = cfg.sweep.duration_s
+    if cfg.sweep.duration_s is not None:
+        v.duration_s = cfg.sweep.duration_s
     v.gantt_max_segments = 0
     if what == "tool_tail_fraction":
         v.workload.tool_s.tail_fraction = float(value)

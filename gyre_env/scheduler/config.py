@@ -201,7 +201,9 @@ class SweepConfig:
     """Sweeps run every enabled policy at each value (k fixed at its best in the main run,
     scaled with the cluster); an empty list skips that sweep."""
 
-    duration_s: float = 3600.0
+    duration_s: float | None = None
+    """Simulated time per sweep run; None: the main run's ``duration_s`` (a sweep shorter
+    than a few episodes and steps mostly measures the warm-up)."""
     tool_tail_fraction: list[float] = field(default_factory=list)
     cells: list[int] = field(default_factory=list)
     switch_cost_scale: list[float] = field(default_factory=list)

@@ -36,13 +36,15 @@ def test_simulate_small_example_writes_json_and_html(tmp_path, capsys):
     cfg = tmp_path / "small.toml"
     text = (EXAMPLES / "simulate_small.toml").read_text()
     # tiny budgets: 15 simulated minutes, sweeps of 5 minutes over two values each
-    text = text.replace("duration_s = 1800.0", "duration_s = 300.0")
+    text = text.replace("[sweep]", "[sweep]\nduration_s = 300.0", 1)
     text = text.replace("[0.0, 0.1, 0.3]", "[0.0, 0.3]").replace("[4, 8, 16]", "[4, 8]")
     text = text.replace("[0.5, 1.0, 4.0]", "[1.0, 4.0]")
     cfg.write_text(text)
     assert main(["simulate", str(cfg), "--out", str(tmp_path / "out"), "--duration", "900"]) == 0
     printed = capsys.readouterr().out
     assert "waterlevel" in printed and "colocated" in printed
+    cfg_loaded = load_sim_config(cfg)
+    assert cfg_loaded.sweep.duration_s == 300.0
     data = json.loads((tmp_path / "out" / "simulation.json").read_text())
     assert set(data["policies"]) == {"colocated", "static_split", "async", "dynamic", "waterlevel"}
     for p in data["policies"].values():

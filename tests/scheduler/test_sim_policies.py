@@ -264,3 +264,12 @@ def test_waterlevel_moves_cells_both_ways_in_a_bursty_run():
     assert ("rollout", "training idle") in moves or ("rollout", "training") in moves
     assert any(a.startswith("training") and b == "rollout" for a, b in moves)
     assert r.switches >= 2 and r.busy_fraction()["training"] > 0 and r.trained_samples > 0
+
+
+def test_sweeps_run_as_long_as_the_main_run_unless_told():
+    from gyre_env.scheduler.compare import _variant
+
+    cfg = small(duration_s=5400.0)
+    assert _variant(cfg, "cells", 2).duration_s == 5400.0
+    cfg.sweep.duration_s = 600.0
+    assert _variant(cfg, "tool_tail_fraction", 0.3).duration_s == 600.0
