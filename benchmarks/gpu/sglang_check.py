@@ -176,8 +176,14 @@ async def check_weightsync(
 
     from gyre_env.weightsync import SGLangPublisher, SGLangSyncConfig
 
+    cuda = torch.cuda.is_available()
+    if mode != "disk" and not cuda:
+        return f"skip: {mode} mode sends CUDA tensors and this machine has no CUDA"
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        return f"skip: no *.safetensors weights in {model_path}"
     named = {}
-    for f in sorted(Path(model_path).glob("*.safetensors")):
+    for f in files:
         named.update(load_file(str(f), device="cuda" if mode != "disk" else "cpu"))
     extra = {"backend": "nccl", "master_port": 29671} if mode == "distributed" else {}
     if mode == "disk":
@@ -186,7 +192,8 @@ async def check_weightsync(
     params = SamplingParams(max_new_tokens=16, temperature=0.0)
     before = await engine.generate(prompt, params)
     version = await engine.refresh_weight_version() + 1
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
     await publisher.apublish(named, version)
     seconds = time.perf_counter() - start

@@ -271,12 +271,13 @@ def test_make_vec_sync_and_threaded_step_concurrently(task_dir):
 
 
 def test_outcomes_are_one_documented_list():
-    """One definition: the env's outcomes, and ``cancelled`` that only the runner gives."""
+    """One definition: the env's outcomes, and ``cancelled`` / ``killed`` that only the
+    runner gives."""
     import gyre_env.runner
     import gyre_env.scoring
 
     assert OUTCOMES == (
-        "success", "failure", "timeout", "agent_error", "infra_error", "cancelled"
+        "success", "failure", "timeout", "agent_error", "infra_error", "cancelled", "killed"
     )  # fmt: skip
     for outcome in OUTCOMES:
         assert f"``{outcome}``" in gyre_env.scoring.__doc__
