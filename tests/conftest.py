@@ -47,6 +47,22 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory):
+    """The built-in tiny model, built once per session into a temporary cache."""
+    from gyre_env.engines.tiny import tiny_model_path
+
+    return tiny_model_path(root=tmp_path_factory.mktemp("gyre-cache"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_path):
+    """The tokenizer of ``tiny_path``."""
+    from gyre_env.engines.tiny import load_tokenizer
+
+    return load_tokenizer(tiny_path)
+
+
+@pytest.fixture(scope="session")
 def tok():
     """The built-in tiny model's tokenizer (built locally on first use)."""
     from gyre_env.engines.tiny import load_tokenizer

@@ -15,17 +15,16 @@ rank training on its own share of the batch.
 from __future__ import annotations
 
 import copy
-import os
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from gyre_env.trainers.hf_tree import attention_for, tree_logprobs
-from gyre_env.trainers.losses import LossConfig, LossTerms, policy_loss, sft_loss, step_normalizer
+from gyre_env.trainers.losses import LossConfig, step_normalizer
 from gyre_env.trainers.protocol import TrainBatch
+from gyre_env.trainers.steps import accumulate, cpu_threads, step_metrics, unit_loss
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -124,13 +123,8 @@ class TorchTrainer:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         if self._offloaded:
             raise RuntimeError("the trainer is offloaded; call onload() before train_step()")
-        previous = torch.get_num_threads()
-        if self.device.type == "cpu":
-            torch.set_num_threads(self.config.num_threads or os.cpu_count() or 1)
-        try:
+        with cpu_threads(self.device.type == "cpu", self.config.num_threads):
             return self._train_step(batch)
-        finally:
-            torch.set_num_threads(previous)
 
     def _train_step(self, batch: TrainBatch) -> dict[str, float]:
         start = time.perf_counter()
@@ -153,13 +147,9 @@ class TorchTrainer:
             dist.all_reduce(total)
             normalizer, scale = float(total), float(dist.get_world_size())
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = defaultdict(float)
-        for packed, t in zip(batch.units, tensors, strict=True):
-            loss, metrics = self._microbatch(packed, t, rl, agg, normalizer)
-            (loss * scale).backward()
-            sums["loss"] += float(loss.detach())
-            for k, v in metrics.items():
-                sums[k] += v
+        sums = accumulate(
+            batch, tensors, lambda p, t: self._microbatch(p, t, rl, agg, normalizer), scale
+        )
         params = [p for p in self.model.parameters() if p.grad is not None]
         clip = self.config.grad_clip or float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
@@ -167,7 +157,7 @@ class TorchTrainer:
         self.optimizer.step()
         self.scheduler.step()
         self._version += 1
-        return self._metrics(sums, batch, grad_norm, lr, time.perf_counter() - start)
+        return step_metrics(sums, batch, grad_norm, lr, time.perf_counter() - start)
 
     def _microbatch(self, packed, t: dict, rl: bool, agg: str, normalizer: float):
         cfg = self.loss
@@ -183,26 +173,9 @@ class TorchTrainer:
         if rl and cfg.kl_coef > 0:
             extra["reference"] = self.logprobs(t, attn, model=self.reference)
         lp, ent = self._forward(t, attn, temperature=cfg.temperature if rl else 1.0)
-        terms = LossTerms.from_batch(t, lp, agg, entropy=ent, **extra)
-        if not rl:
-            return sft_loss(terms, normalizer=normalizer)
-        return policy_loss(terms, cfg, normalizer=normalizer, current_version=self._version)
-
-    @staticmethod
-    def _metrics(sums: dict, batch: TrainBatch, grad_norm: float, lr: float, seconds: float):
-        tokens = max(sums.pop("tokens", 0.0), 1.0)
-        out = {"loss": sums.pop("loss"), "grad_norm": grad_norm, "lr": lr}
-        if "kl_ref" in sums:  # already normalized like the loss
-            out["kl_ref"] = sums.pop("kl_ref")
-        for key, value in sums.items():  # token sums -> per-token means
-            out[key] = value / tokens
-        out.update(
-            loss_tokens=tokens,
-            tokens=float(batch.num_tokens),
-            step_s=seconds,
-            tokens_per_s=batch.num_tokens / seconds if seconds > 0 else 0.0,
+        return unit_loss(
+            t, lp, ent, extra, cfg, rl=rl, agg=agg, normalizer=normalizer, version=self._version
         )
-        return out
 
     @torch.no_grad()
     def logprobs(self, t: dict, attention, *, model=None) -> torch.Tensor:

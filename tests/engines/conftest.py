@@ -1,22 +1,8 @@
-"""Shared fixtures: the tiny model built once per session into a temporary cache."""
+"""Shared fixtures of the engine tests (the tiny model: ``tiny_path`` in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def tiny_path(tmp_path_factory):
-    from gyre_env.engines.tiny import tiny_model_path
-
-    return tiny_model_path(root=tmp_path_factory.mktemp("gyre-cache"))
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tiny_path):
-    from gyre_env.engines.tiny import load_tokenizer
-
-    return load_tokenizer(tiny_path)
 
 
 @pytest.fixture(scope="module")

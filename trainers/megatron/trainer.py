@@ -21,17 +21,16 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from gyre_env.trainers.losses import LossConfig, LossTerms, policy_loss, sft_loss, step_normalizer
+from gyre_env.trainers.losses import LossConfig, step_normalizer
 from gyre_env.trainers.megatron.forward import attention_mask_for, tree_logprobs
 from gyre_env.trainers.protocol import TrainBatch
+from gyre_env.trainers.steps import accumulate, cpu_threads, step_metrics, unit_loss
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -190,13 +189,8 @@ class MegatronTrainer:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         if self._offloaded:
             raise RuntimeError("the trainer is offloaded; call onload() before train_step()")
-        previous = torch.get_num_threads()
-        if not self.cuda:
-            torch.set_num_threads(self.config.num_threads or os.cpu_count() or 1)
-        try:
+        with cpu_threads(not self.cuda, self.config.num_threads):
             return self._train_step(batch)
-        finally:
-            torch.set_num_threads(previous)
 
     def _train_step(self, batch: TrainBatch) -> dict[str, float]:
         start = time.perf_counter()
@@ -215,21 +209,13 @@ class MegatronTrainer:
         )
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
-        sums: dict[str, float] = defaultdict(float)
-        for packed, t in zip(batch.units, tensors, strict=True):
-            loss, metrics = self._microbatch(packed, t, rl, agg, normalizer)
-            loss.backward()
-            sums["loss"] += float(loss.detach())
-            for k, v in metrics.items():
-                sums[k] += v
+        sums = accumulate(batch, tensors, lambda p, t: self._microbatch(p, t, rl, agg, normalizer))
         self.ddp.finish_grad_sync()  # data-parallel sum into the grad buffers
         lr = self._lr()
         grad_norm = self._optimizer_step(lr)
         self._lr_step += 1
         self._version += 1
-        from gyre_env.trainers.torch_backend import TorchTrainer
-
-        return TorchTrainer._metrics(sums, batch, grad_norm, lr, time.perf_counter() - start)
+        return step_metrics(sums, batch, grad_norm, lr, time.perf_counter() - start)
 
     def _global_normalizer(self, local: float) -> float:
         import torch.distributed as dist
@@ -265,10 +251,9 @@ class MegatronTrainer:
             extra["reference"] = self.logprobs(t, mask, model=self.reference)
         temperature = cfg.temperature if rl else 1.0
         lp, ent = tree_logprobs(self.model, t, mask, temperature=temperature, with_entropy=True)
-        terms = LossTerms.from_batch(t, lp, agg, entropy=ent, **extra)
-        if not rl:
-            return sft_loss(terms, normalizer=normalizer)
-        return policy_loss(terms, cfg, normalizer=normalizer, current_version=self._version)
+        return unit_loss(
+            t, lp, ent, extra, cfg, rl=rl, agg=agg, normalizer=normalizer, version=self._version
+        )
 
     def _mask(self, packed):
         c = self.config

@@ -1,0 +1,79 @@
+"""What every training backend's optimizer step shares: the CPU thread setting around a
+step, the microbatch loop, one unit's loss from its logprobs, and the step's metrics.
+
+Backends differ in their forward pass (HF model with tree attention, megatron's
+``GPTModel``) and their optimizer; these pieces are the same for both, so a backend's
+``train_step`` gives the same numbers for the same logprobs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from gyre_env.trainers.losses import LossConfig, LossTerms, policy_loss, sft_loss
+from gyre_env.trainers.protocol import TrainBatch
+
+
+@contextmanager
+def cpu_threads(on_cpu: bool, num_threads: int | None) -> Iterator[None]:
+    """On CPU, run the step with ``num_threads`` (default: every core); restore after."""
+    previous = torch.get_num_threads()
+    if on_cpu:
+        torch.set_num_threads(num_threads or os.cpu_count() or 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def accumulate(batch: TrainBatch, tensors: list[dict], microbatch: Callable, scale: float = 1.0):
+    """Forward and backward of every unit (``microbatch(packed, t) -> (loss, metrics)``);
+    returns the summed loss and metrics."""
+    sums: dict[str, float] = defaultdict(float)
+    for packed, t in zip(batch.units, tensors, strict=True):
+        loss, metrics = microbatch(packed, t)
+        (loss * scale if scale != 1.0 else loss).backward()
+        sums["loss"] += float(loss.detach())
+        for k, v in metrics.items():
+            sums[k] += v
+    return sums
+
+
+def unit_loss(
+    t: dict,
+    lp: torch.Tensor,
+    ent: torch.Tensor,
+    extra: dict,
+    cfg: LossConfig,
+    *,
+    rl: bool,
+    agg: str,
+    normalizer: float,
+    version: int,
+):
+    """One unit's loss: NLL for SFT, the configured policy loss for RL."""
+    terms = LossTerms.from_batch(t, lp, agg, entropy=ent, **extra)
+    if not rl:
+        return sft_loss(terms, normalizer=normalizer)
+    return policy_loss(terms, cfg, normalizer=normalizer, current_version=version)
+
+
+def step_metrics(sums: dict, batch: TrainBatch, grad_norm: float, lr: float, seconds: float):
+    """The metrics ``train_step`` returns: token sums as per-token means, throughput."""
+    tokens = max(sums.pop("tokens", 0.0), 1.0)
+    out = {"loss": sums.pop("loss"), "grad_norm": grad_norm, "lr": lr}
+    if "kl_ref" in sums:  # already normalized like the loss
+        out["kl_ref"] = sums.pop("kl_ref")
+    for key, value in sums.items():  # token sums -> per-token means
+        out[key] = value / tokens
+    out.update(
+        loss_tokens=tokens,
+        tokens=float(batch.num_tokens),
+        step_s=seconds,
+        tokens_per_s=batch.num_tokens / seconds if seconds > 0 else 0.0,
+    )
+    return out
