@@ -78,19 +78,29 @@ def tree_logprobs(
     rows = hidden[batch["parent_index"][sel]]  # [m, hidden]
     targets = batch["input_ids"][sel]
     head = model.get_output_embeddings()
+    kw = {"temperature": temperature, "with_entropy": with_entropy}
+    return chunked_logprobs(
+        _chunk_logprobs, rows, targets, (head.weight, head.bias), chunk_size, kw
+    )
+
+
+def chunked_logprobs(fn, rows, targets, consts: tuple, chunk_size: int, kw: dict):
+    """``fn(rows_chunk, *consts, targets_chunk, **kw) -> (logprobs, entropies)`` over
+    ``chunk_size`` rows at a time, each chunk recomputed in backward (checkpointed) when
+    gradients are on, so a chunk's logits are never all kept; returns the concatenation
+    (entropies None unless ``kw["with_entropy"]``)."""
     lps, ents = [], []
     for a in range(0, len(rows), chunk_size):
-        args = (rows[a : a + chunk_size], head.weight, head.bias, targets[a : a + chunk_size])
-        kw = {"temperature": temperature, "with_entropy": with_entropy}
+        args = (rows[a : a + chunk_size], *consts, targets[a : a + chunk_size])
         if torch.is_grad_enabled():
-            lp, ent = checkpoint(_chunk_logprobs, *args, **kw, use_reentrant=False)
+            lp, ent = checkpoint(fn, *args, **kw, use_reentrant=False)
         else:
-            lp, ent = _chunk_logprobs(*args, **kw)
+            lp, ent = fn(*args, **kw)
         lps.append(lp)
         ents.append(ent)
     empty = rows.new_zeros(0, dtype=torch.float32)
     lp = torch.cat(lps) if lps else empty
-    return lp, ((torch.cat(ents) if ents else empty) if with_entropy else None)
+    return lp, ((torch.cat(ents) if ents else empty) if kw["with_entropy"] else None)
 
 
 def _chunk_logprobs(rows, weight, bias, targets, *, temperature: float, with_entropy: bool):

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from gyre_env.trainers.hf_tree import chunked_logprobs
 from gyre_env.trainers.tree_attention import TreeBlockLayout, tree_attention
-from torch.utils.checkpoint import checkpoint
 
 from gyre_env.trajectory.packing import PackedTree
 
@@ -108,15 +108,4 @@ def tree_logprobs(
         else None
     )
     kw = dict(output_layer=model.output_layer, temperature=temperature, with_entropy=with_entropy)
-    lps, ents = [], []
-    for a in range(0, len(rows), chunk_size):
-        args = (rows[a : a + chunk_size], weight, targets[a : a + chunk_size])
-        if torch.is_grad_enabled():
-            lp, ent = checkpoint(_chunk_logprobs, *args, **kw, use_reentrant=False)
-        else:
-            lp, ent = _chunk_logprobs(*args, **kw)
-        lps.append(lp)
-        ents.append(ent)
-    empty = rows.new_zeros(0, dtype=torch.float32)
-    lp = torch.cat(lps) if lps else empty
-    return lp, ((torch.cat(ents) if ents else empty) if with_entropy else None)
+    return chunked_logprobs(_chunk_logprobs, rows, targets, (weight,), chunk_size, kw)
