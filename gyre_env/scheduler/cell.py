@@ -132,6 +132,9 @@ class Cell:
         self.role = role
         self.switching = False
         self.last_switch = float("-inf")
+        """``time.monotonic()`` when the last switch finished."""
+        self.switch_started = float("-inf")
+        """``time.monotonic()`` when the last (or running) switch began."""
         self.transport = transport
         self.on_migration_failed = on_migration_failed
         self.migration_lock = migration_lock or asyncio.Lock()
@@ -165,7 +168,7 @@ class Cell:
     async def to_training(self, serving: Sequence[Cell] = ()) -> SwitchRecord:
         """ROLLOUT -> TRAINING; ``serving``: cells that stay in ROLLOUT (migration targets)."""
         self._begin(Role.TRAINING)
-        record = SwitchRecord(self.id, Role.TRAINING, time.monotonic())
+        record = SwitchRecord(self.id, Role.TRAINING, self.switch_started)
         phases = _Phases(record)
         try:
             async with self.migration_lock:  # the serving set holds still while requests move
@@ -184,7 +187,7 @@ class Cell:
     async def to_rollout(self) -> SwitchRecord:
         """TRAINING -> ROLLOUT, serving the newest published weights."""
         self._begin(Role.ROLLOUT)
-        record = SwitchRecord(self.id, Role.ROLLOUT, time.monotonic())
+        record = SwitchRecord(self.id, Role.ROLLOUT, self.switch_started)
         phases = _Phases(record)
         try:
             await phases.run("offload", self.trainer.offload, blocking=True)
@@ -218,6 +221,7 @@ class Cell:
             raise RuntimeError(f"cell {self.id} is already switching")
         if self.role is to:
             raise RuntimeError(f"cell {self.id} is already in {to.name}")
+        self.switch_started = time.monotonic()
         self.switching = True
 
     async def stop_admitting(self) -> None:

@@ -16,7 +16,18 @@ policy's :class:`~gyre_env.scheduler.policy.Decision`:
 
 The same policy objects drive ``gyre simulate`` (one implementation, two drivers). What
 the driver keeps: per-cell seconds by state (busy or idle, and why), the role timeline,
-the switch records, per-sample version lags and the step metrics.
+the switch records, per-sample version lags and the step metrics. Given a ``metrics`` sink
+(``gyre_env.train.metrics.MetricsLogger``) it also records them as they happen: one
+``cell_state`` record per closed timeline segment, one ``switch`` per finished switch,
+``rl`` and ``iteration`` per optimizer step, and at the end one ``cell`` record per cell
+(busy fraction by role, switching, idle fraction by reason) and the ``phase`` wall time;
+the HTML report draws the role Gantt and the busy/idle table from them.
+
+Idle reasons (the simulator's names): a ROLLOUT cell with nothing in flight is idle
+``agents_in_tools`` while groups run (their agents wait on tools), ``no_episodes`` when no
+group runs, ``out_of_routing`` while paused or excluded by the router (a stale cell being
+synced); a TRAINING cell outside the running step is idle ``step_elsewhere`` while a step
+runs without it (it arrived after the step began) and ``no_batch`` otherwise.
 """
 
 from __future__ import annotations
@@ -106,23 +117,42 @@ class ElasticResult:
     switches: list = field(default_factory=list)
     timeline: list[tuple[int, str, float, float]] = field(default_factory=list)
     """(cell, state, start, end) seconds since the start; state ``rollout`` | ``training``
-    | ``switching``."""
+    (in a step) | ``training idle`` | ``switching``."""
     seconds: dict[int, dict[str, float]] = field(default_factory=dict)
     """Per cell: seconds by ``rollout_busy``, ``rollout_idle``, ``training_busy``,
     ``training_idle``, ``switching``."""
+    idle_reasons: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Per cell: idle seconds by ``rollout/idle:<reason>`` / ``training/idle:<reason>``
+    (the module docstring lists the reasons)."""
     staleness: dict[int, int] = field(default_factory=dict)
     """Sample version lag at training time -> loss tokens."""
     wall_s: float = 0.0
+    t0: float = 0.0
+    """``time.monotonic()`` when the run began (the timeline's zero)."""
     groups_run: int = 0
     migration_failures: int = 0
+    """Migrations past their window (re-prefilled instead)."""
     evals: list[dict] = field(default_factory=list)
     """Held-out evaluations (``gyre train --elastic``: initial, SFT and final model)."""
-    """Migrations past their window (re-prefilled instead)."""
 
     def busy_fraction(self, cell: int) -> float:
         s = self.seconds.get(cell, {})
         total = sum(s.values())
         return (s.get("rollout_busy", 0.0) + s.get("training_busy", 0.0)) / total if total else 0.0
+
+    def cell_fractions(self, cell: int) -> dict[str, float]:
+        """One cell's share of its time: ``rollout_busy``, ``training_busy``,
+        ``switching``, ``busy`` (both roles) and ``idle`` (all reasons), then each
+        ``.../idle:<reason>``."""
+        s = self.seconds.get(cell, {})
+        total = sum(s.values())
+        if not total:
+            return {}
+        out = {k: s.get(k, 0.0) / total for k in ("rollout_busy", "training_busy", "switching")}
+        out["busy"] = out["rollout_busy"] + out["training_busy"]
+        out["idle"] = (s.get("rollout_idle", 0.0) + s.get("training_idle", 0.0)) / total
+        reasons = self.idle_reasons.get(cell, {})
+        return out | {k: v / total for k, v in sorted(reasons.items())}
 
     def idle_fraction(self) -> float:
         total = sum(sum(s.values()) for s in self.seconds.values())
@@ -146,9 +176,11 @@ class ElasticDriver:
         config: ElasticConfig | None = None,
         clock: CallClock | None = None,
         costs: SwitchCosts | None = None,
+        metrics=None,
     ):
         """``call(coro, timeout=...)`` runs a coroutine on the proxy's loop and waits
-        (``ProxyServer.call``); ``router``: the proxy's router."""
+        (``ProxyServer.call``); ``router``: the proxy's router; ``metrics``: a sink with
+        ``log(kind, values)`` for the records listed in the module docstring."""
         self.cells, self.policy, self.workload = list(cells), policy, workload
         self.call, self.router = call, router
         self.config = config or ElasticConfig()
@@ -160,6 +192,7 @@ class ElasticDriver:
             dataclasses.replace(self.config.heartbeat, staleness_bound=bound)
         )
         self.result = ElasticResult()
+        self.metrics = metrics
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._pending: collections.deque[int] = collections.deque()
@@ -189,9 +222,9 @@ class ElasticDriver:
     def run(self) -> ElasticResult:
         """Decide and act until ``config.steps`` steps are done; returns the result."""
         cfg = self.config
-        self._t0 = time.monotonic()
+        self._t0 = self.result.t0 = time.monotonic()
         deadline = self._t0 + cfg.timeout_s
-        last = 0.0
+        self._last = 0.0
         with concurrent.futures.ThreadPoolExecutor(cfg.agent_slots, "gyre-agents") as agents:
             self._agents = agents
             while len(self.result.steps) < cfg.steps:
@@ -200,9 +233,7 @@ class ElasticDriver:
                         f"elastic run: {len(self.result.steps)} of {cfg.steps} steps after {cfg.timeout_s:g}s"
                     )
                 self._reap()
-                now = self._now()
-                self._account(now - last)
-                last = now
+                self._last = self._account(self._last)
                 self._apply(self.policy.decide(self.observe()))
                 self._beat()
                 self._wake.wait(cfg.decision_interval_s)
@@ -332,7 +363,7 @@ class ElasticDriver:
         sats = [c for c in training if c is not core]
         for c in sats:
             c.sync_trainer()
-        self._count_lag(units)
+        lags = self._count_lag(units)
         metrics = self.core.step(units, [c.trainer for c in sats], core_share=core in training)
         version = self.core.version
         core.board.publish(version, dict(core.trainer.named_parameters()))
@@ -346,30 +377,37 @@ class ElasticDriver:
             "step": version,
             "groups": len(groups),
             "cells": sorted(c.id for c in training),
+            "staleness": lags,
         }
 
-    def _count_lag(self, units: list) -> None:
+    def _count_lag(self, units: list) -> dict[int, int]:
+        """Loss tokens by version lag of this step's units (also added to the run's)."""
         import numpy as np
 
+        lags: dict[int, int] = {}
         for u in units:
             lag = self.core.version - u.weight_versions[u.loss_mask]
             for value, count in zip(*np.unique(lag, return_counts=True), strict=True):
-                self.result.staleness[int(value)] = self.result.staleness.get(int(value), 0) + int(
-                    count
-                )
+                lags[int(value)] = lags.get(int(value), 0) + int(count)
+        for value, count in lags.items():
+            self.result.staleness[value] = self.result.staleness.get(value, 0) + count
+        return lags
 
     def _reap(self) -> None:
         """Collect finished switches and steps (errors are raised here)."""
         for cell_id, future in list(self._switches.items()):
             if future.done():
                 del self._switches[cell_id]
-                self.result.switches.append(future.result())
+                record = future.result()
+                self.result.switches.append(record)
+                self._log("switch", switch_values(record, self._t0))
         if self._step is not None and self._step.done():
             step, self._step = self._step, None
             self._step_cells = set()
             metrics = step.result()
             self._trained += metrics["groups"]
             self.result.steps.append(metrics)
+            self._log_step(metrics)
             log.info(
                 "step %d on cells %s: loss %.4f", metrics["step"], metrics["cells"], metrics["loss"]
             )
@@ -389,33 +427,110 @@ class ElasticDriver:
     def _state(self, cell: Cell) -> str:
         if cell.switching:
             return "switching"
-        return "rollout" if cell.role is Role.ROLLOUT else "training"
+        if cell.role is Role.ROLLOUT:
+            return "rollout"
+        return "training" if cell.id in self._step_cells else "training idle"
 
-    def _account(self, dt: float) -> None:
+    def _idle_reason(self, cell: Cell, state: str, replica) -> str:
+        if state == "rollout":
+            if replica.paused_until == float("inf") or replica.excluded is not None:
+                return "rollout/idle:out_of_routing"
+            return "rollout/idle:agents_in_tools" if self._running else "rollout/idle:no_episodes"
+        return (
+            "training/idle:step_elsewhere" if self._step is not None else "training/idle:no_batch"
+        )
+
+    def _account(self, last: float) -> float:
+        """Attribute the time since the last tick (``last``) to each cell's states. A
+        switch's edges are the cell's own clock (a tick can come late: an engine's
+        ``gc.collect`` holds the GIL), so a switch begun and finished between two ticks
+        still shows, at its true times."""
         now = self._now()
         replicas = {r.name: r for r in self.router.replicas}
         for c in self.cells:
-            secs = self.result.seconds.setdefault(c.id, collections.defaultdict(float))
             state = self._state(c)
-            if state == "rollout":
-                busy = replicas[c.name].inflight > 0
-                secs["rollout_busy" if busy else "rollout_idle"] += dt
-            elif state == "training":
-                secs["training_busy" if c.id in self._step_cells else "training_idle"] += dt
-            else:
-                secs["switching"] += dt
             prev, since = self._since[c.id]
-            if state != prev:
-                self.result.timeline.append((c.id, prev, since, now))
-                self._since[c.id] = (state, now)
+            began = min(max(c.switch_started - self._t0, last), now)
+            ended = min(max(c.last_switch - self._t0, last), now)
+            if state == prev:
+                changes = []
+            elif state == "switching":
+                changes = [(state, began)]
+            elif prev == "switching":
+                changes = [(state, ended)]
+            elif c.last_switch - self._t0 > last:  # a whole switch since the last tick
+                changes = [("switching", began), (state, ended)]
+            else:
+                changes = [(state, now)]
+            at, current = last, prev
+            for new, t in changes:
+                self._add(c, current, t - at, replicas[c.name])
+                self._segment(c.id, current, since, t)
+                at, current, since = t, new, t
+            self._add(c, current, now - at, replicas[c.name])
+            self._since[c.id] = (current, since)
+        return now
+
+    def _add(self, c: Cell, state: str, dt: float, replica) -> None:
+        if dt <= 0:
+            return
+        secs = self.result.seconds.setdefault(c.id, collections.defaultdict(float))
+        if state == "switching":
+            secs["switching"] += dt
+        elif state == "rollout" and replica.inflight > 0:
+            secs["rollout_busy"] += dt
+        elif state == "training":
+            secs["training_busy"] += dt
+        else:
+            secs["rollout_idle" if state == "rollout" else "training_idle"] += dt
+            reasons = self.result.idle_reasons.setdefault(c.id, collections.defaultdict(float))
+            reasons[self._idle_reason(c, state, replica)] += dt
+
+    def _segment(self, cell: int, state: str, start: float, end: float) -> None:
+        self.result.timeline.append((cell, state, start, end))
+        self._log("cell_state", {"cell": cell, "state": state, "start": start, "end": end})
 
     def _finish(self) -> None:
-        now = self._now()
+        now = self._account(self._last)
         for c in self.cells:
             prev, since = self._since[c.id]
-            self.result.timeline.append((c.id, prev, since, now))
-        self.result.seconds = {k: dict(v) for k, v in self.result.seconds.items()}
-        self.result.wall_s = now
+            self._segment(c.id, prev, since, now)
+        r = self.result
+        r.seconds = {k: dict(v) for k, v in r.seconds.items()}
+        r.idle_reasons = {k: dict(v) for k, v in r.idle_reasons.items()}
+        r.wall_s = now
+        for c in self.cells:
+            self._log(
+                "cell", {"cell": c.id, **r.cell_fractions(c.id), "seconds": r.seconds.get(c.id, {})}
+            )
+        self._log("phase", {"phase": "elastic", "seconds": now})
+
+    # ---- metrics ---------------------------------------------------------------------------
+    def _log(self, kind: str, values: dict) -> None:
+        if self.metrics is not None:
+            self.metrics.log(kind, values)
+
+    def _log_step(self, m: dict) -> None:
+        rl = {k: v for k, v in m.items() if k not in ("staleness", "reward_mean")}
+        self._log("rl", rl)
+        row = {"iteration": m["step"], "groups": m["groups"], "staleness": m["staleness"]}
+        for key, name in (("reward_mean", "reward_mean"), ("step_s", "time_train"),
+                          ("tokens_per_s", "train_tokens_per_s")):  # fmt: skip
+            if key in m:
+                row[name] = m[key]
+        self._log("iteration", row)
+
+
+def switch_values(record, t0: float) -> dict:
+    """A switch record as plain values (``start``: seconds since ``t0``, the run's start)."""
+    values = {
+        "cell": record.cell, "to": record.to.name, "start": record.started - t0,
+        "total_s": record.total_s, "phases": dict(record.phases),
+        "weight_version": record.weight_version,
+    }  # fmt: skip
+    if record.migration is not None:
+        values["migration"] = {k: v for k, v in vars(record.migration).items() if k != "produced"}
+    return values
 
 
 async def _running_loop() -> asyncio.AbstractEventLoop:

@@ -9,9 +9,12 @@ held-out evaluation of the initial model and the SFT warm start (the synchronous
 own phases, in ``OUT/warm-start/``; skipped with ``sft.trajectories = 0``) and ends with
 the held-out evaluation of the trained weights (``OUT/eval-rl/``), which are written to
 ``OUT/model``. Not here (yet): checkpoint/resume of the elastic phase. The run writes
-``store.db``, ``episodes.jsonl`` and ``elastic.json`` (steps with their reward, switches
-with phase times, the role timeline, per-cell busy seconds, the staleness histogram, the
-held-out pass rates).
+``store.db``, ``episodes.jsonl``, ``elastic.json`` (steps with their reward, switches
+with phase times, the role timeline, per-cell busy seconds and idle reasons, the
+staleness histogram, the held-out pass rates), ``metrics.jsonl`` (the driver's records:
+steps, switches, cell states, per-cell busy/idle fractions; the evals) and
+``report.html`` (the training report with the cell-role Gantt chart and the busy/idle
+table).
 """
 
 from __future__ import annotations
@@ -142,6 +145,7 @@ def train_elastic(cfg: TrainConfig, cells: int):
         max_steps=r.max_steps, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
         subagent=False, nudges=0, seed=cfg.seed,
     ))  # fmt: skip
+    logger = _metrics_logger(cfg)
     pool = LocalCells(
         model_dir, tokenizer,
         LocalCellsConfig(cells=cells, max_batch_size=max(r.parallel, 1), context_length=cfg.model.context_length),
@@ -161,16 +165,26 @@ def train_elastic(cfg: TrainConfig, cells: int):
         driver = ElasticDriver(
             pool.cells, WaterlevelPolicy(), workload, call=pool.proxy.call,
             router=pool.proxy.core.router, config=config, clock=clock, costs=pool.costs,
+            metrics=logger,
         )  # fmt: skip
         result = driver.run()
         _export_newest(pool, tokenizer, out / "model")
+    except BaseException:
+        logger.close()
+        raise
     finally:
         pool.close()
         store.close()
-    if cfg.tasks.heldout_count:
-        evals.append(evaluate_heldout(cfg, out / "model", out / "eval-rl", "rl"))
+    try:
+        if cfg.tasks.heldout_count:
+            evals.append(evaluate_heldout(cfg, out / "model", out / "eval-rl", "rl"))
+        for row in evals:
+            logger.log("eval", row)
+    finally:
+        logger.close()
     result.evals = evals
     _write(out / "elastic.json", result)
+    _report(cfg)
     for rec in result.switches:
         print(rec.summary(), flush=True)
     for s in result.steps:
@@ -185,6 +199,29 @@ def train_elastic(cfg: TrainConfig, cells: int):
     return result
 
 
+def _metrics_logger(cfg: TrainConfig):
+    import dataclasses
+
+    from gyre_env.train.metrics import MetricsLogger
+
+    lg = cfg.logging
+    return MetricsLogger(
+        cfg.out_dir, tensorboard=lg.tensorboard, wandb=lg.wandb, wandb_project=lg.wandb_project,
+        run_name=cfg.name, config=dataclasses.asdict(cfg),
+    )  # fmt: skip
+
+
+def _report(cfg: TrainConfig) -> None:
+    import logging
+
+    from gyre_env.train.report import write_report
+
+    try:
+        print(f"report: {write_report(cfg.out_dir, title=f'gyre train --elastic {cfg.name}')}")
+    except Exception as e:  # a report must never cost the run
+        logging.getLogger(__name__).warning("could not write the report: %s", e)
+
+
 def _export_newest(pool, tokenizer, folder) -> None:
     """The newest published weights as a Hugging Face folder (the model the run made)."""
     cell = pool.cells[0]
@@ -194,20 +231,15 @@ def _export_newest(pool, tokenizer, folder) -> None:
 
 
 def _write(path, result) -> None:
+    from gyre_env.scheduler.elastic import switch_values
+
     data = {
         "steps": result.steps,
-        "switches": [
-            {
-                "cell": s.cell,
-                "to": s.to.name,
-                "phases": s.phases,
-                "total_s": s.total_s,
-                "migration": None if s.migration is None else vars(s.migration),
-            }
-            for s in result.switches
-        ],  # fmt: skip
+        "switches": [switch_values(s, result.t0) for s in result.switches],
         "timeline": result.timeline,
         "seconds": result.seconds,
+        "idle_reasons": result.idle_reasons,
+        "cells": {c: result.cell_fractions(c) for c in result.seconds},
         "staleness": result.staleness,
         "wall_s": result.wall_s,
         "evals": result.evals,

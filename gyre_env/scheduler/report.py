@@ -133,19 +133,33 @@ def _png(fig) -> str:
 
 def gantt_figure(r: SimResult, max_cells: int = 64):
     """Cell roles over time: one row per cell (the first ``max_cells``)."""
+    return gantt_chart(
+        r.gantt, r.cells, r.duration_s, f"{r.policy}: cell roles", max_cells=max_cells
+    )
+
+
+def gantt_chart(
+    rows, cells: int, duration_s: float, title: str, *, xlabel="simulated seconds", max_cells=64
+):
+    """A Gantt chart of ``rows`` ``(cell, start, end, state)`` (states as in ``_COLOURS``),
+    one row per cell (the first ``max_cells``); each cell's bars of one state carry the SVG
+    id ``cell<c>-<state>``. Also drawn by ``gyre train --elastic``'s report."""
     plt = _plt()
-    n = min(r.cells, max_cells)
+    n = min(cells, max_cells)
     fig, ax = plt.subplots(figsize=(10, 0.8 + 0.12 * n))
     for label, colour in _COLOURS.items():
-        bars = [(t0, t1 - t0, c) for c, t0, t1, lab in r.gantt if lab == label and c < n]
+        bars = [(t0, t1 - t0, c) for c, t0, t1, lab in rows if lab == label and c < n]
         for c in range(n):
             row = [(a, w) for a, w, cc in bars if cc == c]
             if row:
-                ax.broken_barh(row, (c - 0.4, 0.8), color=colour, label=label if c == 0 else None)
+                bar = ax.broken_barh(
+                    row, (c - 0.4, 0.8), color=colour, label=label if c == 0 else None
+                )
+                bar.set_gid(f"cell{c}-{label.replace(' ', '-')}")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLOURS.values()]
     ax.legend(handles, list(_COLOURS), loc="upper right", fontsize=7, ncol=4)
-    ax.set(xlabel="simulated seconds", ylabel="cell", title=f"{r.policy}: cell roles")
-    ax.set_xlim(0, r.duration_s)
+    ax.set(xlabel=xlabel, ylabel="cell", title=title)
+    ax.set_xlim(0, duration_s)
     return fig
 
 

@@ -4,7 +4,9 @@ One self-contained page (plots embedded as base64 PNGs): a headline table (held-
 rate of the random model, the SFT checkpoint and the last RL eval; total wall time), then
 one section per view of the run. A section without data (a run stopped before any RL
 iteration, say) is replaced by a one-line note; a missing key or a truncated last line
-never stops the report.
+never stops the report. An elastic run (``gyre train --elastic``: ``cell_state``,
+``switch`` and ``cell`` records) adds the cell-role Gantt chart (inline SVG, the
+simulator's chart with a marker per switch) and the per-cell busy/idle and switch tables.
 """
 
 from __future__ import annotations
@@ -164,6 +166,16 @@ def _done(fig, plt) -> str:
     out = _png(fig)
     plt.close(fig)
     return out
+
+
+def _svg(fig, plt) -> str:
+    """``fig`` as inline SVG markup, its text kept as text (findable in the page)."""
+    buf = io.StringIO()
+    with plt.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg") :]  # no XML prolog inside HTML
 
 
 def plot_reward(by_kind: dict[str, Rows], plt) -> str | None:
@@ -394,6 +406,92 @@ def eval_table(by_kind: dict[str, Rows]) -> str:
     return _table(("phase", *keys), rows)
 
 
+# ---------------------------------------------------------------------------- elastic cells
+
+
+def plot_cells(by_kind: dict[str, Rows], plt) -> str | None:
+    """The cells' roles over the run (``cell_state`` records), a marker at each switch's
+    start (SVG id ``switch-<i>``; down: to training, up: to rollout)."""
+    from gyre_env.scheduler.report import gantt_chart
+
+    rows = []
+    for r in by_kind.get("cell_state", []):
+        cell, start, end = num(r, "cell"), num(r, "start"), num(r, "end")
+        if None not in (cell, start, end):
+            rows.append((int(cell), start, end, str(r.get("state"))))
+    if not rows:
+        return None
+    cells = max(c for c, *_ in rows) + 1
+    end = max(t1 for _, _, t1, _ in rows)
+    fig = gantt_chart(
+        rows, cells, end, "Cell roles", xlabel="seconds since the elastic phase began"
+    )
+    ax = fig.axes[0]
+    fig.set_size_inches(10, max(2.4, 1.0 + 0.35 * cells))
+    for i, sw in enumerate(by_kind.get("switch", [])):
+        cell, start = num(sw, "cell"), num(sw, "start")
+        if cell is not None and start is not None:
+            down = sw.get("to") == "TRAINING"
+            ax.plot([start], [cell], marker="v" if down else "^", color="black", markersize=6,
+                    linestyle="", zorder=5, gid=f"switch-{i}")  # fmt: skip
+    if cells <= 32:
+        ax.set_yticks(range(cells), [f"cell {c}" for c in range(cells)])
+    return _svg(fig, plt)
+
+
+def cell_table(by_kind: dict[str, Rows]) -> str | None:
+    """Per cell: share of its time busy by role, switching, and idle by reason."""
+    rows = sorted(
+        (r for r in by_kind.get("cell", []) if num(r, "cell") is not None),
+        key=lambda r: num(r, "cell"),
+    )
+    if not rows:
+        return None
+    fixed = ("busy", "rollout_busy", "training_busy", "switching", "idle")
+    reasons = sorted({k for r in rows for k in r if "/idle:" in k})
+    body = [
+        [f"cell {num(r, 'cell'):.0f}"] + [_pct(num(r, k)) for k in (*fixed, *reasons)] for r in rows
+    ]
+    head = ("cell", "busy", "busy: rollout", "busy: training", "switching", "idle")
+    return _table((*head, *(k.replace("/idle:", " idle: ") for k in reasons)), body)
+
+
+def switch_table(by_kind: dict[str, Rows]) -> str | None:
+    """Per cell and direction: how many switches, their mean time and mean phase times."""
+    groups: dict[tuple[float, str], Rows] = {}
+    for r in by_kind.get("switch", []):
+        if num(r, "cell") is not None and num(r, "total_s") is not None:
+            groups.setdefault((num(r, "cell"), str(r.get("to"))), []).append(r)
+    if not groups:
+        return None
+    body = []
+    for (cell, to), rs in sorted(groups.items()):
+        phases: dict[str, list[float]] = {}
+        for r in rs:
+            for name, sec in (r.get("phases") or {}).items():
+                if isinstance(sec, int | float):
+                    phases.setdefault(name, []).append(float(sec))
+        mean_ms = 1000 * sum(num(r, "total_s") for r in rs) / len(rs)
+        parts = ", ".join(f"{k} {1000 * sum(v) / len(v):.1f}" for k, v in phases.items())
+        body.append([f"cell {cell:.0f}", f"-> {to}", str(len(rs)), f"{mean_ms:.1f}", parts])
+    return _table(("cell", "to", "switches", "mean ms", "mean ms per phase"), body)
+
+
+def elastic_sections(by_kind: dict[str, Rows], plt) -> list[str]:
+    """The elastic run's HTML (nothing for a run without elastic cells)."""
+    gantt = plot_cells(by_kind, plt)
+    tables = [
+        (t, f(by_kind)) for t, f in (("Cell busy and idle", cell_table), ("Switches", switch_table))
+    ]
+    if gantt is None and not any(html_ for _, html_ in tables):
+        return []
+    out = ["<h2>Cell roles</h2>", gantt or "<p class='note'>No cell timeline was logged.</p>"]
+    for title, html_ in tables:
+        out.append(f"<h2>{html.escape(title)}</h2>")
+        out.append(html_ or f"<p class='note'>No {html.escape(title.lower())} were logged.</p>")
+    return out
+
+
 def write_report(out_dir: Path, title: str = "gyre train") -> Path:
     """Render ``out_dir/metrics.jsonl`` into a self-contained ``out_dir/report.html``."""
     require("matplotlib", "the training HTML report")
@@ -419,6 +517,7 @@ def write_report(out_dir: Path, title: str = "gyre train") -> Path:
             body.append(f'<img alt="{esc(name)}" src="data:image/png;base64,{data}">')
         if name.startswith("Held-out") and by_kind.get("eval"):
             body.append(eval_table(by_kind))
+    body += elastic_sections(by_kind, plt)
     page = (
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>{esc(title)}</title><style>body{{font-family:sans-serif;margin:2em}}"

@@ -14,7 +14,7 @@ from gyre_env.scheduler.policy import Role, WaterlevelPolicy
 from gyre_env.scheduler.workloads import RecordBook, ToolLoopConfig, ToolLoopWorkload
 
 
-def _run(tiny_path, tokenizer, policy, steps=3, delay=0.3):
+def _run(tiny_path, tokenizer, policy, steps=3, delay=0.3, metrics=None):
     book = RecordBook()
     roles = policy.initial_roles(2) if hasattr(policy, "initial_roles") else None
     with LocalCells(
@@ -31,13 +31,24 @@ def _run(tiny_path, tokenizer, policy, steps=3, delay=0.3):
         driver = ElasticDriver(
             pool.cells, policy, workload, call=pool.proxy.call, router=pool.proxy.core.router,
             config=ElasticConfig(steps=steps, groups_per_step=1, agent_slots=3, timeout_s=120),
-            clock=book.clock, costs=pool.costs,
+            clock=book.clock, costs=pool.costs, metrics=metrics,
         )  # fmt: skip
         return driver.run(), pool
 
 
-def test_waterlevel_switches_cells_at_runtime(tiny_path, tokenizer):
-    result, pool = _run(tiny_path, tokenizer, WaterlevelPolicy())
+@pytest.fixture(scope="module")
+def waterlevel_run(tiny_path, tokenizer, tmp_path_factory):
+    """One waterlevel run recording into ``metrics.jsonl`` (shared by the tests below)."""
+    from gyre_env.train.metrics import MetricsLogger
+
+    out = tmp_path_factory.mktemp("elastic-run")
+    with MetricsLogger(out, tensorboard=False) as metrics:
+        result, pool = _run(tiny_path, tokenizer, WaterlevelPolicy(), metrics=metrics)
+    return result, pool, out
+
+
+def test_waterlevel_switches_cells_at_runtime(waterlevel_run):
+    result, pool, _ = waterlevel_run
     assert [s["step"] for s in result.steps] == [1, 2, 3]
     to = [r.to for r in result.switches]
     assert Role.TRAINING in to, "a cell moved to training while agents waited on tools"
@@ -49,6 +60,37 @@ def test_waterlevel_switches_cells_at_runtime(tiny_path, tokenizer):
     assert sum(result.staleness.values()) > 0
     assert pool.board.version == 3
     assert 0.0 < result.busy_fraction(0) <= 1.0
+    for cell in (0, 1):  # busy by role + switching + idle by reason: all of the cell's time
+        f = result.cell_fractions(cell)
+        reasons = sum(v for k, v in f.items() if "/idle:" in k)
+        assert f["busy"] + f["switching"] + f["idle"] == pytest.approx(1.0)
+        assert reasons == pytest.approx(f["idle"])
+
+
+def test_report_of_an_elastic_run_has_the_cell_gantt(waterlevel_run):
+    """The driver's records render into the report: a Gantt row per cell, a marker per
+    switch, the busy/idle table with the idle reasons, and the steps' reward/staleness."""
+    import re
+
+    from gyre_env.train.metrics import METRICS_FILE
+    from gyre_env.train.report import read_metrics, write_report
+
+    result, _, out = waterlevel_run
+    by_kind, bad = read_metrics(out / METRICS_FILE)
+    assert not bad and len(by_kind["switch"]) == len(result.switches) > 0
+    assert len(by_kind["cell"]) == 2 and len(by_kind["iteration"]) == 3
+    assert len(by_kind["cell_state"]) == len(result.timeline)
+    page = write_report(out).read_text()
+    svg = page[page.index("<h2>Cell roles</h2>") :]
+    assert svg.count("<svg") >= 1 and "cell 0</text>" in svg and "cell 1</text>" in svg
+    for cell, state, *_ in result.timeline:  # every cell's states drawn in its own row
+        assert f'id="cell{cell}-{state.replace(" ", "-")}"' in svg
+    ids = re.findall(r'id="switch-(\d+)"', svg)
+    assert sorted(map(int, ids)) == list(range(len(result.switches)))
+    table = page[page.index("<h2>Cell busy and idle</h2>") :]
+    assert "busy: rollout" in table and "idle: " in table and "cell 1</td>" in table
+    assert "<h2>Switches</h2>" in page and "-&gt; TRAINING" in page
+    assert "No staleness histogram was logged" not in page
 
 
 @pytest.mark.slow
