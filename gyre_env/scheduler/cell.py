@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +59,8 @@ class SwitchRecord:
     migration: MigrationReport | None = None
     weight_version: int = 0
     """The version the cell holds after the switch."""
+    profile: dict | None = None
+    """Its profiler trace and memory snapshot files (``elastic_profile``), when profiled."""
 
     @property
     def total_s(self) -> float:
@@ -95,13 +99,31 @@ class _Phases:
 
     async def run(self, name: str, fn: Callable, *, blocking: bool = False):
         t0 = time.perf_counter()
-        result = await (asyncio.to_thread(fn) if blocking else fn())
+        if blocking:
+            result = await asyncio.to_thread(_in_range, name, fn)
+        else:
+            with _profiler_range(name):
+                result = await fn()
         seconds = time.perf_counter() - t0
         self.record.phases[name] = seconds
         log.info(
             "cell %d -> %s: %s %.1f ms", self.record.cell, self.record.to.name, name, seconds * 1e3
         )
         return result
+
+
+def _profiler_range(phase: str):
+    """A ``switch.<phase>`` range in a running torch profiler's trace (a few microseconds
+    when none runs; nothing when torch is not loaded)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return contextlib.nullcontext()
+    return torch.profiler.record_function(f"switch.{phase}")
+
+
+def _in_range(phase: str, fn: Callable):
+    with _profiler_range(phase):
+        return fn()
 
 
 class Cell:

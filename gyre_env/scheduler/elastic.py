@@ -89,6 +89,9 @@ class ElasticConfig:
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     timeout_s: float = 1800.0
     """Give up (RuntimeError) when the steps are not done by then."""
+    profile_dir: str | None = None
+    """Write a PyTorch profiler trace (and, with CUDA, a memory snapshot) of every switch
+    here (``elastic_profile``); None: off."""
 
 
 class CallClock:
@@ -193,6 +196,11 @@ class ElasticDriver:
         )
         self.result = ElasticResult()
         self.metrics = metrics
+        self.profiler = None
+        if self.config.profile_dir is not None:
+            from gyre_env.scheduler.elastic_profile import SwitchProfiler
+
+            self.profiler = SwitchProfiler(self.config.profile_dir)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._pending: collections.deque[int] = collections.deque()
@@ -334,6 +342,8 @@ class ElasticDriver:
             coro = cell.to_training(serving=self.cells)
         else:
             coro = cell.to_rollout()
+        if self.profiler is not None:
+            coro = self.profiler.wrap(cell.id, to, coro)
         future = asyncio.run_coroutine_threadsafe(coro, self._loop())
         self._switches[cell.id] = future
         future.add_done_callback(lambda _: self._wake.set())
@@ -528,6 +538,8 @@ def switch_values(record, t0: float) -> dict:
         "total_s": record.total_s, "phases": dict(record.phases),
         "weight_version": record.weight_version,
     }  # fmt: skip
+    if record.profile is not None:
+        values["profile"] = record.profile
     if record.migration is not None:
         values["migration"] = {k: v for k, v in vars(record.migration).items() if k != "produced"}
     return values

@@ -161,6 +161,7 @@ def train_elastic(cfg: TrainConfig, cells: int):
             steps=sched.iterations * sched.optimizer_steps,
             groups_per_step=max(1, r.tasks_per_iteration // sched.optimizer_steps),
             agent_slots=max(1, r.parallel // r.group_size), timeout_s=24 * 3600.0,
+            profile_dir=str(out / "profiles") if cfg.logging.profile_switches else None,
         )  # fmt: skip
         driver = ElasticDriver(
             pool.cells, WaterlevelPolicy(), workload, call=pool.proxy.call,

@@ -164,6 +164,9 @@ class LoggingConfig:
     wandb_project: str = "gyre"
     progress: bool = True
     """Progress bars on stderr."""
+    profile_switches: bool = False
+    """``gyre train --elastic``: a PyTorch profiler trace of every role switch (and a CUDA
+    memory snapshot where CUDA is present) under ``<out>/profiles``."""
 
 
 @dataclass(kw_only=True)

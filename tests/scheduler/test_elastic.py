@@ -14,7 +14,7 @@ from gyre_env.scheduler.policy import Role, WaterlevelPolicy
 from gyre_env.scheduler.workloads import RecordBook, ToolLoopConfig, ToolLoopWorkload
 
 
-def _run(tiny_path, tokenizer, policy, steps=3, delay=0.3, metrics=None):
+def _run(tiny_path, tokenizer, policy, steps=3, delay=0.3, metrics=None, profile_dir=None):
     book = RecordBook()
     roles = policy.initial_roles(2) if hasattr(policy, "initial_roles") else None
     with LocalCells(
@@ -30,7 +30,10 @@ def _run(tiny_path, tokenizer, policy, steps=3, delay=0.3, metrics=None):
         )
         driver = ElasticDriver(
             pool.cells, policy, workload, call=pool.proxy.call, router=pool.proxy.core.router,
-            config=ElasticConfig(steps=steps, groups_per_step=1, agent_slots=3, timeout_s=120),
+            config=ElasticConfig(
+                steps=steps, groups_per_step=1, agent_slots=3, timeout_s=120,
+                profile_dir=profile_dir,
+            ),
             clock=book.clock, costs=pool.costs, metrics=metrics,
         )  # fmt: skip
         return driver.run(), pool
@@ -38,12 +41,16 @@ def _run(tiny_path, tokenizer, policy, steps=3, delay=0.3, metrics=None):
 
 @pytest.fixture(scope="module")
 def waterlevel_run(tiny_path, tokenizer, tmp_path_factory):
-    """One waterlevel run recording into ``metrics.jsonl`` (shared by the tests below)."""
+    """One waterlevel run recording into ``metrics.jsonl``, every switch profiled (shared
+    by the tests below)."""
     from gyre_env.train.metrics import MetricsLogger
 
     out = tmp_path_factory.mktemp("elastic-run")
     with MetricsLogger(out, tensorboard=False) as metrics:
-        result, pool = _run(tiny_path, tokenizer, WaterlevelPolicy(), metrics=metrics)
+        result, pool = _run(
+            tiny_path, tokenizer, WaterlevelPolicy(), metrics=metrics,
+            profile_dir=str(out / "profiles"),
+        )  # fmt: skip
     return result, pool, out
 
 
@@ -98,3 +105,45 @@ def test_a_static_split_trains_on_its_training_cell(tiny_path, tokenizer):
     result, _ = _run(tiny_path, tokenizer, StaticSplitPolicy(rollout_cells=1), steps=2)
     assert len(result.steps) == 2 and not result.switches
     assert all(s["cells"] == [1] for s in result.steps), "cell 1 trains, the core steps"
+
+
+def test_profiling_writes_a_trace_per_switch(waterlevel_run):
+    """On a CPU: a torch profiler trace per switch with its phases as ranges; no CUDA
+    memory snapshot, and the record says why."""
+    import json
+
+    import torch
+
+    result, _, out = waterlevel_run
+    traces = sorted((out / "profiles").glob("*.pt.trace.json"))
+    assert len(traces) == len(result.switches) > 0
+    for record in result.switches:
+        profile = record.profile
+        events = json.loads(open(profile["trace"]).read())["traceEvents"]
+        names = {e.get("name") for e in events}
+        assert {f"switch.{p}" for p in record.phases} <= names, names
+        if not torch.cuda.is_available():
+            assert profile["memory_snapshot"] is None and "no CUDA" in profile["note"]
+
+
+def test_overlapping_switches_share_one_profiler_session(tmp_path):
+    import asyncio
+
+    from gyre_env.scheduler.cell import SwitchRecord
+    from gyre_env.scheduler.elastic_profile import SwitchProfiler
+
+    profiler = SwitchProfiler(tmp_path)
+
+    async def switch(cell, wait):
+        await asyncio.sleep(wait)
+        return SwitchRecord(cell, Role.TRAINING, 0.0)
+
+    async def both():
+        return await asyncio.gather(
+            profiler.wrap(0, Role.TRAINING, switch(0, 0.01)),
+            profiler.wrap(1, Role.TRAINING, switch(1, 0.05)),
+        )
+
+    records = asyncio.run(both())
+    paths = [r.profile["trace"] for r in records]
+    assert len(set(paths)) == 2 and all(open(p).read() == open(paths[0]).read() for p in paths)
