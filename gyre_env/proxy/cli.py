@@ -67,8 +67,8 @@ def _env(name: str | None, what: str) -> str | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gyre_env.proxy.records import JsonlSink
     from gyre_env.proxy.server import ProxyConfig, ProxyServer
+    from gyre_env.trajectory.records import JsonlSink
 
     config = ProxyConfig(
         host=args.host,

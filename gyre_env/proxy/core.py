@@ -3,7 +3,10 @@
 :class:`ProxyCore` is what both HTTP APIs call. ``prepare`` (synchronous checks: session,
 branch, prompt ids, context length) raises :class:`RequestError` before any response is
 started; ``events`` then yields text pieces, tool calls, pings and one final
-:class:`Finished`, and writes the call's :class:`CallRecord` however it ends.
+:class:`Finished`, and writes the call's :class:`CallRecord` however it ends. A completed
+call's record is written (on the sink's writer thread, see ``RecordWriter``) before its
+``Finished`` is yielded, so a client that has its answer finds the record stored; the loop
+serves other calls meanwhile.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from gyre_env.engines.base import ContextLengthError, Engine, SamplingParams
 from gyre_env.proxy.chat import ChatRequest, RequestError
 from gyre_env.proxy.metrics import ProxyMetrics
-from gyre_env.proxy.records import CallRecord, RecordSink
 from gyre_env.proxy.render import (
     ChatRenderer,
     IncrementalDecoder,
@@ -37,6 +40,7 @@ from gyre_env.proxy.sessions import (
     SessionStore,
     default_classifier,
 )
+from gyre_env.trajectory.records import CallRecord, RecordSink, record_written, submit_record
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +171,7 @@ class ProxyCore:
         out_ids: list[int] = []
         logprobs: list[float] = []
         pieces: list[str | ToolCall] = []
-        finish, error, done = "abort", None, False
+        finish, error, done, recorded = "abort", None, False, False
         try:
             stream = self.router.stream(prep.session.name, prep.plan.prompt_ids, prep.params, trace)
             if prep.req.stream:  # keep the client's connection alive through a long prefill
@@ -192,6 +196,10 @@ class ProxyCore:
                 yield piece
             text, calls = split_output(pieces)
             done = True  # the call is complete even if the consumer stops at Finished
+            recorded = True
+            written = self._finish(prep, trace, out_ids, logprobs, finish, pieces, stops.matched)
+            if written is not None:
+                await record_written(written)
             yield Finished(
                 finish=finish,
                 stop_sequence=stops.matched,
@@ -215,7 +223,8 @@ class ProxyCore:
             log.exception("call %s/%d failed", prep.session.name, prep.call_index)
             raise RequestError(f"internal error: {error}", status=500) from e
         finally:
-            self._finish(prep, trace, out_ids, logprobs, finish, pieces, stops.matched, error)
+            if not recorded:  # failed or aborted: recorded behind the call, not awaited
+                self._finish(prep, trace, out_ids, logprobs, finish, pieces, stops.matched, error)
 
     def _finish(
         self,
@@ -226,9 +235,10 @@ class ProxyCore:
         finish: str,
         pieces: list,
         stop_seq: str | None,
-        error: str | None,
-    ) -> None:
-        """Remember the call in its session (if it completed), count it, record it."""
+        error: str | None = None,
+    ) -> Future | None:
+        """Remember the call in its session (if it completed), count it, and hand its
+        record to the sink; returns the write's future (None without a sink)."""
         text, calls = split_output(pieces)
         ok = finish in ("stop", "length")
         if ok:
@@ -251,7 +261,7 @@ class ProxyCore:
             error=not ok,
         )
         if self.sink is None:
-            return
+            return None
         extra: dict = {"model": prep.req.model}
         if stop_seq is not None:
             extra["stop_sequence"] = stop_seq
@@ -261,10 +271,9 @@ class ProxyCore:
             extra["error"] = error
         record_finish = "tool_calls" if (finish == "stop" and calls) else finish
         record = self._record(prep, trace, out_ids, logprobs, record_finish, total, extra)
-        try:
-            self.sink.write(record)
-        except Exception:  # a failing sink must not take calls down with it
-            log.exception("record sink failed for %s/%d", prep.session.name, prep.call_index)
+        # a failing sink must not take calls down with it: the failure is logged (and a
+        # RecordWriter raises it at flush/close), the call goes on
+        return submit_record(self.sink, record)
 
     def _record(
         self,

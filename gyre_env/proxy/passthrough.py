@@ -12,7 +12,6 @@ token sessions (a call extending an earlier call's messages and reply is its chi
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -20,7 +19,6 @@ from dataclasses import dataclass, field
 
 from gyre_env._optional import require
 from gyre_env.proxy.chat import ChatRequest, RequestError
-from gyre_env.proxy.records import CallRecord, RecordSink
 from gyre_env.proxy.render import reply_key
 from gyre_env.proxy.sessions import (
     BranchClassifier,
@@ -29,8 +27,7 @@ from gyre_env.proxy.sessions import (
     default_classifier,
     reply_of,
 )
-
-log = logging.getLogger(__name__)
+from gyre_env.trajectory.records import CallRecord, RecordSink, record_written, submit_record
 
 _FORWARDED_HEADERS = (
     "anthropic-version",
@@ -173,7 +170,9 @@ class Passthrough:
                 )
             resp = await self._http().post(self._url(), json=body, headers=self._headers(headers))
         except httpx.HTTPError as e:
-            self._record(plan, req, body, created, t0, status=502, text="", calls=[], error=str(e))
+            await self._record(
+                plan, req, body, created, t0, status=502, text="", calls=[], error=str(e)
+            )
             raise RequestError(
                 f"upstream {self._url()} failed: {type(e).__name__}: {e}", status=502
             ) from e
@@ -182,7 +181,7 @@ class Passthrough:
         except ValueError:
             data = {"error": {"message": resp.text[:2000]}}
         text, calls, usage, ids = _parse_response(api, data)
-        self._record(
+        await self._record(
             plan,
             req,
             body,
@@ -208,7 +207,7 @@ class Passthrough:
             error = f"{type(e).__name__}: {e}"
         finally:
             await upstream.aclose()
-            self._record(
+            await self._record(
                 plan,
                 req,
                 body,
@@ -222,7 +221,7 @@ class Passthrough:
                 error=error,
             )
 
-    def _record(
+    async def _record(
         self,
         plan,
         req,
@@ -238,6 +237,7 @@ class Passthrough:
         finish=None,
         error=None,
     ) -> None:
+        """Remember the call and write its record (on the sink's writer thread, awaited)."""
         ok = 200 <= status < 300 and error is None
         if ok:
             self._remember(plan, text, calls)
@@ -278,10 +278,7 @@ class Passthrough:
             created=created,
             extra=extra,
         )
-        try:
-            self.sink.write(record)
-        except Exception:
-            log.exception("record sink failed")
+        await record_written(submit_record(self.sink, record))
 
     def _remember(self, plan: dict, text: str, calls: list[dict]) -> None:
         """Let later calls that extend this one's messages and answer find it."""

@@ -31,9 +31,9 @@ from gyre_env._optional import require
 from gyre_env.engines.base import Engine
 from gyre_env.proxy.core import ProxyCore
 from gyre_env.proxy.passthrough import Passthrough, UpstreamConfig
-from gyre_env.proxy.records import RecordSink
 from gyre_env.proxy.routes import Routes
 from gyre_env.proxy.sessions import BranchClassifier, default_classifier
+from gyre_env.trajectory.records import RecordSink, RecordWriter
 
 log = logging.getLogger(__name__)
 
@@ -100,25 +100,27 @@ class ProxyServer:
         classifier: BranchClassifier = default_classifier,
         upstream: UpstreamConfig | None = None,
     ):
+        if upstream is not None and engines:
+            raise ValueError(
+                "give either engines (token-level) or upstream (passthrough), not both"
+            )
+        if upstream is None and (not engines or tokenizer is None):
+            raise ValueError("ProxyServer needs engines and their tokenizer (or an upstream)")
         self.config = config
-        self.sink = sink
+        # records are written on the writer's thread, never on the server's event loop;
+        # stop() flushes it, closes ``sink`` and raises if any record could not be written
+        self.sink = RecordWriter(sink) if sink is not None else None
         self.core: ProxyCore | None = None
         self.passthrough: Passthrough | None = None
         if upstream is not None:
-            if engines:
-                raise ValueError(
-                    "give either engines (token-level) or upstream (passthrough), not both"
-                )
-            self.passthrough = Passthrough(upstream, sink=sink, classifier=classifier)
+            self.passthrough = Passthrough(upstream, sink=self.sink, classifier=classifier)
             self.app = create_app(config, None, self.passthrough)
             self._init_server_state()
             return
-        if not engines or tokenizer is None:
-            raise ValueError("ProxyServer needs engines and their tokenizer (or an upstream)")
         self.core = ProxyCore(
             engines=engines,
             tokenizer=tokenizer,
-            sink=sink,
+            sink=self.sink,
             classifier=classifier,
             default_max_tokens=config.default_max_tokens,
             max_new_tokens_cap=config.max_new_tokens_cap,

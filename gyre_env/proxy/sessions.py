@@ -23,8 +23,8 @@ from operator import is_
 
 from gyre_env.proxy.bodies import BodyMemo
 from gyre_env.proxy.chat import ConversionMemo
-from gyre_env.proxy.records import BranchRole
 from gyre_env.proxy.render import ChatRenderer, reply_key
+from gyre_env.trajectory.records import BranchRole
 
 COMPACTION_MARKER = "CRITICAL: Respond with TEXT ONLY"
 SUBAGENT_BILLING_MARK = "cc_is_subagent=true"

@@ -16,7 +16,9 @@ The path from the proxy to the trainer::
         batch = packed.tensors()                        # torch tensors, same names
         ...                                             # see gyre_env.trainers.hf_tree
 
-Records in a proxy JSONL file: ``trees_from_jsonl(records_path, episodes_path)``.
+Records in a proxy JSONL file: ``trees_from_jsonl(records_path, episodes_path)``. The
+record types (``CallRecord``, ``EpisodeInfo``, the sinks, ``RecordWriter``) are in
+``gyre_env.trajectory.records``.
 Only numpy and the standard library are imported here; torch and pyarrow are imported
 inside the functions that need them.
 """
@@ -24,6 +26,16 @@ inside the functions that need them.
 from __future__ import annotations
 
 from gyre_env.trajectory.packing import PackedTree, pack
+from gyre_env.trajectory.records import (
+    CallRecord,
+    EpisodeInfo,
+    JsonlSink,
+    RecordSink,
+    RecordWriteError,
+    RecordWriter,
+    read_episodes_jsonl,
+    read_jsonl,
+)
 from gyre_env.trajectory.sampling import (
     SampleConfig,
     SampleStats,
@@ -32,18 +44,16 @@ from gyre_env.trajectory.sampling import (
     group_advantages,
 )
 from gyre_env.trajectory.store import StoreError, StoreStats, TrajectoryStore
-from gyre_env.trajectory.tree import (
-    EpisodeInfo,
-    TokenTree,
-    TreeNode,
-    build_trees,
-    read_episodes_jsonl,
-    trees_from_jsonl,
-)
+from gyre_env.trajectory.tree import TokenTree, TreeNode, build_trees, trees_from_jsonl
 
 __all__ = [
+    "CallRecord",
     "EpisodeInfo",
+    "JsonlSink",
     "PackedTree",
+    "RecordSink",
+    "RecordWriteError",
+    "RecordWriter",
     "SampleConfig",
     "SampleStats",
     "StoreError",
@@ -57,5 +67,6 @@ __all__ = [
     "group_advantages",
     "pack",
     "read_episodes_jsonl",
+    "read_jsonl",
     "trees_from_jsonl",
 ]

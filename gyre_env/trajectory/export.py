@@ -6,8 +6,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gyre_env._optional import require
-from gyre_env.proxy.records import CallRecord
-from gyre_env.trajectory.tree import EpisodeInfo, TokenTree
+from gyre_env.trajectory.records import CallRecord, EpisodeInfo
+from gyre_env.trajectory.tree import TokenTree
 
 
 def _write(path: str | Path, columns: dict, types: dict) -> int:

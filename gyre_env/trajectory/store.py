@@ -16,8 +16,17 @@ Why SQLite in WAL mode, with token arrays as blobs
 
 Token arrays are delta-encoded against the session's earlier calls: a call whose prompt
 extends an earlier context stores only ``(base_call, base_len)`` and the new tokens, so a
-long episode costs O(its tokens) on disk, not O(calls x context). Ids are int32 and
-logprobs float64 (lossless round trip of ``CallRecord``).
+long episode costs O(its tokens) on disk, not O(calls x context). The base is the
+record's own claim (``parent``, ``prefix_len``: the proxy decided it when it built the
+prompt), so a write costs O(new tokens) and keeps no contexts in memory; only a record
+that makes no claim (``prefix_len=None``: an import from an older version, a
+passthrough) is compared with the session's earlier calls. Ids are int32 and logprobs
+float64 (lossless round trip of ``CallRecord``); reads decode the blobs straight into
+numpy arrays, which token trees take as they are (``records(..., arrays=True)``).
+
+Writes are synchronous; the proxy puts the store behind a
+:class:`~gyre_env.trajectory.records.RecordWriter`, so they happen on the writer's thread,
+never on the proxy's event loop.
 
 Durability: ``synchronous=NORMAL`` survives a killed process (the acceptance test kills a
 writer with SIGKILL); ``fsync=True`` uses ``synchronous=FULL`` to survive power loss too.
@@ -36,8 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gyre_env.proxy.records import CallRecord, read_jsonl
-from gyre_env.trajectory.tree import EpisodeInfo, TokenTree, build_trees, read_episodes_jsonl
+from gyre_env.trajectory.records import CallRecord, EpisodeInfo, read_episodes_jsonl, read_jsonl
+from gyre_env.trajectory.tree import TokenTree, _common_prefix, build_trees
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -112,7 +121,7 @@ class StoreStats:
 
 
 def _ids_blob(ids: Iterable[int], what: str) -> bytes:
-    arr = np.asarray(list(ids), dtype=np.int64)
+    arr = np.asarray(ids, dtype=np.int64)
     if len(arr) and (arr.min() < 0 or arr.max() >= 2**31):
         raise StoreError(f"{what}: token ids must be in [0, 2**31), got {arr.min()}..{arr.max()}")
     return arr.astype("<i4").tobytes()
@@ -122,10 +131,7 @@ def _ids(blob: bytes) -> np.ndarray:
     return np.frombuffer(blob, dtype="<i4")
 
 
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    k = min(len(a), len(b))
-    diff = np.flatnonzero(a[:k] != b[:k])
-    return int(diff[0]) if len(diff) else k
+_NO_IDS = np.zeros(0, "<i4")
 
 
 class TrajectoryStore:
@@ -227,14 +233,15 @@ class TrajectoryStore:
 
     def write(self, record: CallRecord) -> None:
         """Append one call; returns once it is committed (thread-safe)."""
+        if self.readonly:
+            raise StoreError(f"{self.path} was opened read-only")
         if len(record.output_logprobs) != len(record.output_ids):
             raise StoreError(
                 f"call {record.call_index} of {record.session!r}: "
                 f"{len(record.output_ids)} output_ids but {len(record.output_logprobs)} logprobs"
             )
-        prompt = np.asarray(record.prompt_ids, dtype=np.int64)
         with self._lock:
-            base_call, base_len = self._best_base(record, prompt)
+            base_call, base_len, searched = self._delta_base(record)
             extra = record.extra or {}
             meta = json.dumps(
                 {
@@ -251,8 +258,8 @@ class TrajectoryStore:
                 record.role,
                 base_call,
                 base_len,
-                len(prompt),
-                _ids_blob(prompt[base_len:], "prompt_ids"),
+                len(record.prompt_ids),
+                _ids_blob(record.prompt_ids[base_len:], "prompt_ids"),
                 _ids_blob(record.output_ids, "output_ids"),
                 np.asarray(record.output_logprobs, dtype="<f8").tobytes(),
                 int(record.weight_version),
@@ -277,8 +284,31 @@ class TrajectoryStore:
                 raise StoreError(
                     f"call {record.call_index} of session {record.session!r} is already stored"
                 ) from e
-            ctx = np.concatenate([prompt, np.asarray(record.output_ids, np.int64)])
-            self._remember(record.session, record.call_index, ctx)
+            if searched:
+                ctx = np.concatenate(
+                    [
+                        np.asarray(record.prompt_ids, np.int64),
+                        np.asarray(record.output_ids, np.int64),
+                    ]
+                )
+                self._remember(record.session, record.call_index, ctx)
+            else:  # the search's view of this session is stale now; it reloads if ever needed
+                self._contexts.pop(record.session, None)
+
+    def _delta_base(self, record: CallRecord) -> tuple[int | None, int, bool]:
+        """``(base_call, base_len, searched)``: the record's own claim when its parent is
+        stored with at least ``prefix_len`` ids, else the result of comparing ids."""
+        if record.prefix_len is not None and not record.shares_parent:
+            return None, 0, False  # the proxy tokenized this prompt whole
+        if record.shares_parent and record.prefix_len <= len(record.prompt_ids):
+            row = self._db.execute(
+                "SELECT prompt_len + length(output_ids) / 4 FROM calls "
+                "WHERE session=? AND call_index=?",
+                (record.session, record.parent),
+            ).fetchone()
+            if row is not None and row[0] >= record.prefix_len:
+                return record.parent, record.prefix_len, False
+        return *self._best_base(record, np.asarray(record.prompt_ids, np.int64)), True
 
     def _write(self, sql: str, args: tuple) -> None:
         if self.readonly:
@@ -288,8 +318,6 @@ class TrajectoryStore:
 
     def _best_base(self, record: CallRecord, prompt: np.ndarray) -> tuple[int | None, int]:
         """The earlier call of this session whose context shares the longest prefix."""
-        if self.readonly:
-            raise StoreError(f"{self.path} was opened read-only")
         contexts = self._session_contexts(record.session)
         best, best_len = None, 0
         for call, ctx in contexts.items():
@@ -303,8 +331,8 @@ class TrajectoryStore:
             self._contexts.move_to_end(session)
             return self._contexts[session]
         contexts = {
-            r.call_index: np.asarray(r.prompt_ids + r.output_ids, np.int64)
-            for r in self._read_session(session)
+            r.call_index: np.concatenate([r.prompt_ids, r.output_ids])
+            for r in self._read_session(session, arrays=True)
         }
         self._contexts[session] = _latest_per_branch(contexts, self._branches(session))
         while len(self._contexts) > self._cache_sessions:
@@ -323,7 +351,7 @@ class TrajectoryStore:
                 del contexts[old]
 
     # ---- reading --------------------------------------------------------------------
-    def _read_session(self, session: str) -> list[CallRecord]:
+    def _read_session(self, session: str, *, arrays: bool = False) -> list[CallRecord]:
         rows = self._db.execute(
             "SELECT call_index, branch, parent, role, base_call, base_len, prompt_tail, "
             "output_ids, output_logprobs, weight_version, meta FROM calls WHERE session=? "
@@ -333,12 +361,14 @@ class TrajectoryStore:
         contexts: dict[int, np.ndarray] = {}
         out = []
         for call, branch, parent, role, base_call, base_len, tail, outs, lps, wv, meta in rows:
-            base = (
-                contexts[base_call][:base_len] if base_call is not None else np.zeros(0, np.int32)
-            )
-            prompt = np.concatenate([base, _ids(tail)])
-            output = _ids(outs)
-            contexts[call] = np.concatenate([prompt, output])
+            base = contexts[base_call][:base_len] if base_call is not None else _NO_IDS
+            ctx = np.concatenate([base, _ids(tail), _ids(outs)])  # [prompt + output] int32
+            contexts[call] = ctx
+            n_prompt = len(base) + len(tail) // 4
+            prompt, output = ctx[:n_prompt], ctx[n_prompt:]  # views: one copy per call
+            logprobs = np.frombuffer(lps, dtype="<f8")
+            if not arrays:
+                prompt, output, logprobs = prompt.tolist(), output.tolist(), logprobs.tolist()
             out.append(
                 CallRecord(
                     session=session,
@@ -346,20 +376,22 @@ class TrajectoryStore:
                     branch=branch,
                     parent=parent,
                     role=role,
-                    prompt_ids=prompt.tolist(),
-                    output_ids=output.tolist(),
-                    output_logprobs=np.frombuffer(lps, dtype="<f8").tolist(),
+                    prompt_ids=prompt,
+                    output_ids=output,
+                    output_logprobs=logprobs,
                     weight_version=wv,
                     **_known_meta(json.loads(meta)),
                 )
             )
         return sorted(out, key=lambda r: r.call_index)
 
-    def records(self, sessions: Iterable[str]) -> Iterator[CallRecord]:
-        """The calls of ``sessions``, reconstructed exactly, in call order."""
+    def records(self, sessions: Iterable[str], *, arrays: bool = False) -> Iterator[CallRecord]:
+        """The calls of ``sessions``, reconstructed exactly, in call order. With ``arrays``
+        the token fields are numpy arrays decoded from the stored blobs (int32 ids, float64
+        logprobs; what token trees take) instead of lists."""
         for session in sessions:
             with self._lock:
-                yield from self._read_session(session)
+                yield from self._read_session(session, arrays=arrays)
 
     def episodes(
         self,
@@ -413,7 +445,7 @@ class TrajectoryStore:
         if whole_groups and filters:
             keys = {e.group_key for e in chosen}
             chosen = [e for e in self.episodes() if e.group_key in keys]
-        return build_trees(self.records(e.session for e in chosen), chosen)
+        return build_trees(self.records((e.session for e in chosen), arrays=True), chosen)
 
     def stats(self, **filters) -> StoreStats:
         """Counts, tokens, sharing and outcome mix of the matching episodes."""

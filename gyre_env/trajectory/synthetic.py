@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gyre_env.proxy.records import CallRecord
-from gyre_env.trajectory.tree import EpisodeInfo
+from gyre_env.trajectory.records import CallRecord, EpisodeInfo
 
 
 class _Episode:

@@ -5,7 +5,10 @@ task that share a prompt). Each call's context (``prompt_ids + output_ids``) is 
 from the root; calls are inserted as in a radix tree, so any common prefix - the
 group's shared prompt, the earlier turns a later call extends, the main context a
 sub-agent branches from - is stored once. A call that does not extend an earlier one
-simply diverges at its longest common prefix and starts a branch.
+simply diverges at its longest common prefix and starts a branch. Within a session the
+record already says which earlier call a prompt extends (``parent``, ``prefix_len``): such
+a call is inserted from its parent's end and only its new tokens are compared; the radix
+walk from the root is for what no record knows, the prompt a group's episodes share.
 
 Node boundaries always fall on call-segment boundaries, so every node is uniform: all
 its tokens are prompt tokens, or all were sampled by the same calls (the loss mask).
@@ -14,72 +17,29 @@ first sampled it; identical contexts give identical distributions, so a second
 sampler of the same tokens only adds itself to ``samplers``.
 
 Episodes are described by ``EpisodeInfo`` (run, task, group, outcome, reward, step
-rewards). The proxy's ``CallRecord`` carries none of that; it comes from the runner, or,
+rewards; defined in ``gyre_env.trajectory.records``). The proxy's ``CallRecord`` carries none of that; it comes from the runner, or,
 failing that, from ``record.extra`` keys ``run``/``task``/``group``.
 """
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from gyre_env.proxy.records import BranchRole, CallRecord, read_jsonl
+from gyre_env.trajectory.records import (
+    BranchRole,
+    CallRecord,
+    EpisodeInfo,
+    read_episodes_jsonl,
+    read_jsonl,
+)
 
 ROLES: tuple[str, ...] = ("main", "sub-agent", "summary")
 _ROLE_RANK = {r: i for i, r in enumerate(ROLES)}
-
-
-@dataclass(kw_only=True)
-class EpisodeInfo:
-    """What the runner knows about an episode that its model calls do not say."""
-
-    session: str
-    """The proxy session id of the episode (``CallRecord.session``)."""
-    run: str = ""
-    """Training run the episode belongs to."""
-    task: str = ""
-    """Task id; episodes of one task in one group share a tree."""
-    group: str = ""
-    """GRPO group id; empty means the episode is a group of its own."""
-    outcome: str = "unknown"
-    """``success`` | ``failure`` | ``timeout`` | ``infra_error`` | ... (``unknown`` until scored)."""
-    reward: float = 0.0
-    """Final episode reward (the GRPO advantage is computed from it)."""
-    step_rewards: dict[int, float] = field(default_factory=dict)
-    """Partial reward of the env step that followed call ``call_index`` -> reward."""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> EpisodeInfo:
-        try:
-            info = cls(**data)
-        except TypeError as e:
-            raise ValueError(f"bad EpisodeInfo {data!r}: {e}") from e
-        info.step_rewards = {int(k): float(v) for k, v in info.step_rewards.items()}
-        return info
-
-    @classmethod
-    def from_record(cls, record: CallRecord) -> EpisodeInfo:
-        """Fallback when the runner wrote no episode info: use ``record.extra`` if set."""
-        extra = record.extra or {}
-        return cls(
-            session=record.session,
-            run=str(extra.get("run", "")),
-            task=str(extra.get("task", "")),
-            group=str(extra.get("group", "")),
-        )
-
-    @property
-    def group_key(self) -> tuple[str, str]:
-        """(run, group) - the key episodes are grouped into trees by."""
-        return (self.run, self.group or f"session:{self.session}")
 
 
 @dataclass(kw_only=True, eq=False)
@@ -140,8 +100,11 @@ class TokenTree:
         """(session, call_index) -> node where that call's context ends."""
         self.output_len: dict[tuple[str, int], int] = {}
         """(session, call_index) -> tokens the call sampled (sequence-level loss weights)."""
+        self.context_len: dict[tuple[str, int], int] = {}
+        """(session, call_index) -> prompt + output tokens of the call."""
         self.parent_mismatches = 0
-        """Calls whose ``parent`` claim did not match their prompt (they still branch correctly)."""
+        """Calls whose ``parent`` claim did not match their prompt (they still branch
+        correctly). Only records without ``prefix_len`` are checked; that claim is trusted."""
         self.text_only_calls = 0
         """Calls recorded without token ids (an upstream passthrough that returns text
         only): kept in the store, absent from the tree, never trained on."""
@@ -152,24 +115,49 @@ class TokenTree:
         self.task = self.task or info.task
 
     def add_call(self, record: CallRecord) -> int:
-        """Insert one call's context; returns the node its output ends at."""
+        """Insert one call's context; returns the node its output ends at.
+
+        A call whose record says it extends its parent's whole context (``prefix_len``,
+        as the proxy records every call it tokenizes) is inserted from the parent's end
+        node: only its new tokens are compared. Any other call is inserted from the root,
+        which is also how a session's first call finds the prompt its group shares."""
         _check_record(record)
         if record.session not in self.episodes:
             self.add_episode(EpisodeInfo.from_record(record))
         prompt = np.asarray(record.prompt_ids, dtype=np.int32)
         output = np.asarray(record.output_ids, dtype=np.int32)
-        self._check_parent(record, prompt)
-        segments = [_Segment(prompt, False, None, -1)]
+        start = self._parent_end(record, len(prompt))
+        if start is None:
+            self._check_parent(record, prompt)
+            start, skip = self.nodes[0], 0
+        else:
+            skip = record.prefix_len
+        segments = [_Segment(prompt[skip:], False, None, -1)]
         if len(output):
             lp = np.asarray(record.output_logprobs, dtype=np.float32)
             segments.append(_Segment(output, True, lp, int(record.weight_version)))
-        end = self._insert(segments, record)
-        self.call_end[(record.session, record.call_index)] = end
-        self.output_len[(record.session, record.call_index)] = len(output)
+        end = self._insert(start, segments, record)
+        key = (record.session, record.call_index)
+        self.call_end[key] = end
+        self.output_len[key] = len(output)
+        self.context_len[key] = len(prompt) + len(output)
         reward = self.episodes[record.session].step_rewards.get(record.call_index)
         if reward is not None:
             self.nodes[end].rewards[record.session] = float(reward)
         return end
+
+    def _parent_end(self, record: CallRecord, prompt_len: int) -> TreeNode | None:
+        """The node the parent's context ends at, when the record's prompt starts with that
+        whole context; the path down to it is marked as passed by this call."""
+        if not record.shares_parent or record.prefix_len > prompt_len:
+            return None
+        parent = (record.session, record.parent)
+        if self.context_len.get(parent) != record.prefix_len:
+            return None
+        end = self.call_end[parent]
+        for node_id in self.path(end):
+            self._pass(self.nodes[node_id], record)
+        return self.nodes[end]
 
     def _check_parent(self, record: CallRecord, prompt: np.ndarray) -> None:
         if record.parent is None:
@@ -179,8 +167,7 @@ class TokenTree:
         if prev is None or len(prev) > len(prompt) or not np.array_equal(prompt[: len(prev)], prev):
             self.parent_mismatches += 1
 
-    def _insert(self, segments: list[_Segment], record: CallRecord) -> int:
-        node = self.nodes[0]
+    def _insert(self, node: TreeNode, segments: list[_Segment], record: CallRecord) -> int:
         for seg in segments:
             pos = 0
             while pos < len(seg.tokens):
@@ -238,10 +225,14 @@ class TokenTree:
             if end == node.id:
                 self.call_end[(session, call)] = tail.id
 
-    def _merge(self, node: TreeNode, seg: _Segment, pos: int, rec: CallRecord) -> None:
+    def _pass(self, node: TreeNode, rec: CallRecord) -> None:
+        """``rec``'s context passes through ``node`` (as a prompt span)."""
         node.sessions.add(rec.session)
         if _ROLE_RANK.get(rec.role, 9) < _ROLE_RANK.get(node.role, 9) and not node.sampled:
             node.role = rec.role
+
+    def _merge(self, node: TreeNode, seg: _Segment, pos: int, rec: CallRecord) -> None:
+        self._pass(node, rec)
         if not seg.sampled:
             return
         if not node.sampled:  # a prompt span elsewhere, sampled here: it now carries loss
@@ -332,7 +323,7 @@ def _check_record(rec: CallRecord) -> None:
         )
     if rec.role not in ROLES:
         raise ValueError(f"{where}: role {rec.role!r} is not one of {ROLES}")
-    if not rec.prompt_ids:
+    if len(rec.prompt_ids) == 0:
         raise ValueError(f"{where}: empty prompt_ids")
 
 
@@ -356,26 +347,12 @@ def build_trees(
         for session in sorted(sessions):
             tree.add_episode(infos[session])
             for rec in sorted(by_session[session], key=lambda r: r.call_index):
-                if not rec.prompt_ids and not rec.output_ids:
+                if len(rec.prompt_ids) == 0 and len(rec.output_ids) == 0:
                     tree.text_only_calls += 1
                 else:
                     tree.add_call(rec)
         trees.append(tree)
     return trees
-
-
-def read_episodes_jsonl(path: str | Path) -> list[EpisodeInfo]:
-    """Episode infos, one JSON object per line (``EpisodeInfo.to_dict``)."""
-    out = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(EpisodeInfo.from_dict(json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not JSON: {e}") from e
-    return out
 
 
 def trees_from_jsonl(
