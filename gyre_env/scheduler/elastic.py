@@ -180,16 +180,19 @@ class ElasticDriver:
         clock: CallClock | None = None,
         costs: SwitchCosts | None = None,
         metrics=None,
+        core=None,
     ):
         """``call(coro, timeout=...)`` runs a coroutine on the proxy's loop and waits
         (``ProxyServer.call``); ``router``: the proxy's router; ``metrics``: a sink with
-        ``log(kind, values)`` for the records listed in the module docstring."""
+        ``log(kind, values)`` for the records listed in the module docstring; ``core``: the
+        optimizer step (default ``CoreStep`` over the cells' trainers in this process;
+        ``ray_cells.RayCoreStep`` for trainers that are Ray actors)."""
         self.cells, self.policy, self.workload = list(cells), policy, workload
         self.call, self.router = call, router
         self.config = config or ElasticConfig()
         self.clock = clock or CallClock()
         self.costs = costs or cells[0].costs or SwitchCosts()
-        self.core = CoreStep(cells[0].trainer, version=cells[0].board.version)
+        self.core = core or CoreStep(cells[0].trainer, version=cells[0].board.version)
         bound = self.config.staleness_bound
         self.heartbeat = Heartbeat(
             dataclasses.replace(self.config.heartbeat, staleness_bound=bound)

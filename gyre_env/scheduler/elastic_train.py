@@ -101,9 +101,11 @@ def warm_start(cfg: TrainConfig) -> tuple[TrainConfig, list[dict]]:
     )
 
 
-def train_elastic(cfg: TrainConfig, cells: int):
+def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None):
     """Warm start, then ``cfg``'s RL phase on ``cells`` elastic cells, then the held-out
-    evaluation; returns the ``ElasticResult``."""
+    evaluation; returns the ``ElasticResult``. ``ray``: the cells' trainers are Ray actors
+    in one placement group (``ray_cells.RayCells``; ``auto``, ``local`` or a cluster
+    address, see ``ray_cells.connect``); None: all in this process."""
     from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
     from gyre_env.agents.serving import ModelService, ModelServiceConfig
     from gyre_env.engines.tiny import load_tokenizer
@@ -122,6 +124,10 @@ def train_elastic(cfg: TrainConfig, cells: int):
     from gyre_env.trajectory.store import TrajectoryStore
 
     cfg.validate()
+    if ray is not None:  # before any work: a missing extra or cluster fails here
+        from gyre_env.scheduler.ray_cells import connect
+
+        connect(ray)
     out = cfg.out_dir
     out.mkdir(parents=True, exist_ok=True)
     cfg, evals = warm_start(cfg)
@@ -146,12 +152,19 @@ def train_elastic(cfg: TrainConfig, cells: int):
         subagent=False, nudges=0, seed=cfg.seed,
     ))  # fmt: skip
     logger = _metrics_logger(cfg)
-    pool = LocalCells(
-        model_dir, tokenizer,
-        LocalCellsConfig(cells=cells, max_batch_size=max(r.parallel, 1), context_length=cfg.model.context_length),
-        trainer_factory=lambda d: TorchTrainer(d, cfg.optim_config(), cfg.loss_config()),
-        service_factory=service,
-    )  # fmt: skip
+    cells_config = LocalCellsConfig(
+        cells=cells, max_batch_size=max(r.parallel, 1), context_length=cfg.model.context_length
+    )
+    if ray is None:
+        pool = LocalCells(
+            model_dir, tokenizer, cells_config, service_factory=service,
+            trainer_factory=lambda d: TorchTrainer(d, cfg.optim_config(), cfg.loss_config()),
+        )  # fmt: skip
+    else:
+        from gyre_env.scheduler.ray_cells import RayCells, RayGroupConfig
+
+        group = RayGroupConfig(trainer_configs=(cfg.optim_config(), cfg.loss_config()))
+        pool = RayCells(model_dir, tokenizer, cells_config, service_factory=service, ray=group)
     t0 = time.monotonic()
     try:
         pool.open()
@@ -166,7 +179,7 @@ def train_elastic(cfg: TrainConfig, cells: int):
         driver = ElasticDriver(
             pool.cells, WaterlevelPolicy(), workload, call=pool.proxy.call,
             router=pool.proxy.core.router, config=config, clock=clock, costs=pool.costs,
-            metrics=logger,
+            metrics=logger, core=getattr(pool, "core", None),
         )  # fmt: skip
         result = driver.run()
         _export_newest(pool, tokenizer, out / "model")

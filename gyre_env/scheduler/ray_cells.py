@@ -7,18 +7,26 @@ optimizer state), each in its own bundle of a placement group (``PACK`` on one m
 hands each rank its share of the batch; gradients reduce to the core, which steps and
 broadcasts the new weights; ``beat`` runs the heartbeat (``STALE_WEIGHTS_DETECTED``).
 
+``RayCells`` is the elastic pool on Ray (``gyre train --elastic --cells N --ray auto``):
+one placement group for the whole pool, a bundle per cell, each cell's trainer the rank
+actor in its bundle (``RankTrainer`` is the handle the cell holds; ``RayCoreStep`` is the
+driver's step: the training cells' ranks get shares, the serving ones an empty share and
+no pull, the core steps). The serving side (the engines behind the proxy, the agents and
+their sandboxes) stays in the driver's process here: a cell's engine is not an actor yet.
+
 With Ray absent this module fails at use with the pip extra to install; in CI Ray runs
-locally (``ray.init(num_cpus=...)``, ``RAY_AUTH_MODE=disabled``). The serving side (the
-engines behind the proxy) stays in the driver's process here.
+locally (``ray.init(num_cpus=...)``, ``RAY_AUTH_MODE=disabled``).
 """
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gyre_env._optional import require
+from gyre_env.scheduler.local import LocalCells
 
 
 @dataclass(kw_only=True)
@@ -34,6 +42,9 @@ class RayGroupConfig:
     backend: str = "gloo"
     timeout_s: float = 300.0
     staleness_bound: int = 4
+    trainer_configs: tuple = field(default_factory=tuple)
+    """Positional configs after the model folder for every rank's ``TorchTrainer``
+    (``(optim_config, loss_config)``; empty: its defaults)."""
 
 
 class _Rank:
@@ -48,13 +59,15 @@ class _Rank:
 
         torch.set_num_threads(1)
         self.group = TrainingGroup(
-            TorchTrainer(model_dir),
+            TorchTrainer(model_dir, *cfg.get("trainer_configs", ())),
             GroupConfig(
                 rank=rank, world_size=world, init_method=init_method, backend=cfg["backend"],
                 timeout_s=cfg["timeout_s"],
                 heartbeat=HeartbeatConfig(staleness_bound=cfg["staleness_bound"]),
             ),
         )  # fmt: skip
+        if self.group.trainer.optimizer is None:  # a satellite: offload/onload find no state
+            self.group.trainer.optimizer = _NoOptimizer()
 
     def step(self, share, pull: bool = True) -> dict:
         return self.group.step(share, pull=pull)
@@ -68,12 +81,35 @@ class _Rank:
     def weights(self) -> dict:
         return {k: v.clone() for k, v in self.group.trainer.named_parameters()}
 
+    def load_named_parameters(self, tensors: dict) -> None:
+        """Weights from the board (a cell that served meanwhile): this rank is current."""
+        self.group.trainer.load_named_parameters(tensors)
+        self.group.version = self.group.core_version
+
+    def onload(self) -> None:
+        self.group.trainer.onload()
+
+    def offload(self) -> None:
+        self.group.trainer.offload()
+
+    def save_pretrained(self, folder: str) -> str:
+        return str(self.group.trainer.save_pretrained(folder))
+
     def has_optimizer_state(self) -> bool:
         opt = self.group.trainer.optimizer
         return opt is not None and bool(opt.state)
 
     def close(self) -> None:
         self.group.close()
+
+
+class _NoOptimizer:
+    """A satellite's optimizer: no state (the core's is the only one)."""
+
+    state: dict = {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing: ``TrainingGroup.step`` clears the gradients itself."""
 
 
 class RayTrainingGroup:
@@ -101,6 +137,7 @@ class RayTrainingGroup:
             "backend": cfg.backend,
             "timeout_s": cfg.timeout_s,
             "staleness_bound": cfg.staleness_bound,
+            "trainer_configs": tuple(cfg.trainer_configs),
         }
         self.ranks = [
             actor.options(
@@ -137,6 +174,119 @@ class RayTrainingGroup:
             for a in self.ranks:
                 self._ray.kill(a)
             remove_placement_group(self.pg)
+
+
+class RankTrainer:
+    """What a cell calls on its trainer, on rank ``rank``'s actor."""
+
+    def __init__(self, group: RayTrainingGroup, rank: int):
+        self.group, self.rank = group, rank
+        self.actor = group.ranks[rank]
+
+    def _call(self, method: str, *args):
+        ray = self.group._ray
+        return ray.get(
+            getattr(self.actor, method).remote(*args), timeout=self.group.config.timeout_s
+        )
+
+    def onload(self) -> None:
+        self._call("onload")
+
+    def offload(self) -> None:
+        self._call("offload")
+
+    def load_named_parameters(self, tensors: dict) -> None:
+        self._call("load_named_parameters", tensors)
+
+    def named_parameters(self):
+        return iter(self._call("weights").items())
+
+    def save_pretrained(self, folder) -> str:
+        """Written on the rank's node (the same machine in local mode)."""
+        return self._call("save_pretrained", str(folder))
+
+
+class RayCoreStep:
+    """The elastic driver's optimizer step on the rank actors (``CoreStep``'s interface):
+    every rank takes part, the training cells' ranks with a share and a pull."""
+
+    def __init__(self, group: RayTrainingGroup, *, version: int = 0):
+        self.group, self.version = group, version
+
+    def step(
+        self, units: Sequence, satellites: Sequence = (), kind: str = "rl", *, core_share=True
+    ) -> dict:
+        from gyre_env.scheduler.core import split_units
+
+        if kind != "rl":
+            raise ValueError("the Ray ranks take RL steps only")
+        t0 = time.perf_counter()
+        ranks = ([0] if core_share else []) + [s.rank for s in satellites]
+        if not ranks:
+            raise ValueError("a step needs the core's share or at least one satellite")
+        shares: list[list] = [[] for _ in self.group.ranks]
+        for rank, share in zip(ranks, split_units(units, len(ranks)), strict=True):
+            shares[rank] = share
+        pull = [r == 0 or r in ranks for r in range(len(shares))]
+        parts = self.group.step(shares, pull)
+        self.version += 1
+        seconds = time.perf_counter() - t0
+        tokens = sum(p["tokens"] for p in parts)
+        return {
+            "loss": sum(p["loss"] for p in parts), "tokens": tokens,
+            "grad_norm": parts[0]["grad_norm"], "lr": parts[0]["lr"], "step_s": seconds,
+            "shares": len(ranks), "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        }  # fmt: skip
+
+
+class RayCells(LocalCells):
+    """``LocalCells`` whose trainers are the ranks of one ``RayTrainingGroup``: a
+    placement group for the whole pool, a bundle per cell (``ray.init`` first, e.g.
+    :func:`connect`). Hand ``core`` to the ``ElasticDriver``."""
+
+    def __init__(self, model_dir, tokenizer, config, *, ray: RayGroupConfig | None = None, **kw):
+        super().__init__(model_dir, tokenizer, config, **kw)
+        self.ray_config = ray or RayGroupConfig()
+        self.group: RayTrainingGroup | None = None
+        self.core: RayCoreStep | None = None
+
+    def open(self, initial_roles=None) -> RayCells:
+        import dataclasses
+
+        cfg = dataclasses.replace(self.ray_config, ranks=self.config.cells)
+        self.group = RayTrainingGroup(str(self.model_dir), cfg)
+        handles = iter(RankTrainer(self.group, r) for r in range(cfg.ranks))
+        self.trainer_factory = lambda _model_dir: next(handles)
+        self.core = RayCoreStep(self.group, version=self.board.version)
+        super().open(initial_roles)
+        return self
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.group is not None:
+                self.group.close()
+                self.group = None
+
+
+def connect(address: str = "auto", **init_kwargs):
+    """``ray.init`` for ``--ray ADDRESS``: ``auto`` joins the running cluster (``ray
+    start`` on this node, or ``RAY_ADDRESS``) and starts a local one when there is none;
+    ``local`` always starts a local one; else a cluster address (``host:6379``)."""
+    ray = require("ray", "--ray (cells as Ray actors)")
+    if ray.is_initialized():
+        return ray
+    if address == "local":
+        ray.init(**init_kwargs)
+    elif address == "auto":
+        try:
+            ray.init(address="auto", **init_kwargs)
+        except ConnectionError:
+            ray.init(**init_kwargs)
+    else:
+        ray.init(address=address, **init_kwargs)
+    return ray
 
 
 def _rendezvous() -> str:

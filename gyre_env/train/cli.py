@@ -33,10 +33,18 @@ def add_commands(sub) -> None:
         help="RL on elastic cells that switch between rollout and training at runtime",
     )
     p.add_argument("--cells", type=int, default=2, help="cells for --elastic (default 2)")
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="--elastic: the cells' trainers as Ray actors in one placement group; 'auto' "
+        "joins the running cluster (else starts a local one), 'local', or host:port "
+        "(needs pip install 'gyre-env[ray]')",
+    )
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from gyre_env._optional import MissingExtraError
     from gyre_env.train.config import ConfigError, apply_overrides, load_config
 
     overrides = list(args.set)
@@ -49,17 +57,20 @@ def _run(args: argparse.Namespace) -> int:
         overrides.append(f"out={args.out!r}")
     if args.no_progress:
         overrides.append("logging.progress=false")
+    if args.ray is not None and not args.elastic:
+        print("gyre train: --ray needs --elastic", file=sys.stderr)
+        return 2
     try:
         cfg = apply_overrides(load_config(args.config, preset=args.preset), overrides)
         if args.elastic:
             from gyre_env.scheduler.elastic_train import train_elastic
 
-            train_elastic(cfg, cells=args.cells)
+            train_elastic(cfg, cells=args.cells, ray=args.ray)
             return 0
         from gyre_env.train.loop import train
 
         summary = train(cfg, resume=args.resume)
-    except ConfigError as e:
+    except (ConfigError, MissingExtraError) as e:
         print(f"gyre train: {e}", file=sys.stderr)
         return 2
     return 130 if summary.interrupted else 0

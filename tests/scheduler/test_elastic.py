@@ -147,3 +147,15 @@ def test_overlapping_switches_share_one_profiler_session(tmp_path):
     records = asyncio.run(both())
     paths = [r.profile["trace"] for r in records]
     assert len(set(paths)) == 2 and all(open(p).read() == open(paths[0]).read() for p in paths)
+
+
+def test_ray_without_the_extra_names_the_install(monkeypatch, capsys):
+    """``--ray auto`` where Ray is not installed fails at once with the pip extra."""
+    import sys
+
+    from gyre_env.cli import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    argv = ["train", "--preset", "cpu-demo", "--elastic", "--cells", "2", "--ray", "auto"]
+    assert main(argv) == 2
+    assert "pip install 'gyre-env[ray]'" in capsys.readouterr().err

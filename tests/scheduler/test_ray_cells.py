@@ -1,6 +1,8 @@
 """The core and a satellite as Ray actors in a placement group (Ray in local mode): their
 gloo step equals one ``TorchTrainer.train_step``, only the core holds optimizer state, and
-a rank that was away past the staleness bound is synced by the heartbeat."""
+a rank that was away past the staleness bound is synced by the heartbeat; and the elastic
+driver on ``RayCells`` (``--ray``): every cell's trainer a rank actor in one placement
+group for the pool. One local Ray for the module (its start is the slow part)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,17 @@ else:
 pytestmark = pytest.mark.slow
 
 
-def test_ray_placed_core_and_satellite(tiny_path, make_units):
+@pytest.fixture(scope="module")
+def local_ray():
+    from gyre_env.scheduler.ray_cells import connect
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    connect("local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_placed_core_and_satellite(tiny_path, make_units, local_ray):
     import torch
     from gyre_env.trainers.protocol import TrainBatch
     from gyre_env.trainers.torch_backend import TorchTrainer
@@ -25,26 +37,53 @@ def test_ray_placed_core_and_satellite(tiny_path, make_units):
     from gyre_env.scheduler.core import split_units
     from gyre_env.scheduler.ray_cells import RayGroupConfig, RayTrainingGroup
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     batches = [[u for g in range(2) for u in make_units(seed=10 * s + g)] for s in range(3)]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    group = RayTrainingGroup(str(tiny_path), RayGroupConfig(ranks=2, staleness_bound=1))
     try:
-        group = RayTrainingGroup(str(tiny_path), RayGroupConfig(ranks=2, staleness_bound=1))
-        try:
-            group.step(split_units(batches[0], 2))
-            for units in batches[1:]:  # rank 1 away serving: no share, no pull
-                group.step([units, []], pull=[True, False])
-            assert group.call("version") == [3, 1]
-            assert group.beat() == [1]
-            assert group.call("version") == [3, 3]
-            assert group.call("has_optimizer_state") == [True, False]
-            weights = group.call("weights")
-        finally:
-            group.close()
+        group.step(split_units(batches[0], 2))
+        for units in batches[1:]:  # rank 1 away serving: no share, no pull
+            group.step([units, []], pull=[True, False])
+        assert group.call("version") == [3, 1]
+        assert group.beat() == [1]
+        assert group.call("version") == [3, 3]
+        assert group.call("has_optimizer_state") == [True, False]
+        weights = group.call("weights")
     finally:
-        ray.shutdown()
+        group.close()
     reference = TorchTrainer(tiny_path)
     for units in batches:
         reference.train_step(TrainBatch(units=copy.deepcopy(units), kind="rl"))
     for name, want in reference.model.state_dict().items():
         assert all(torch.allclose(w[name], want, atol=1e-5) for w in weights), name
+
+
+def test_elastic_driver_on_ray_cells(tiny_path, tokenizer, local_ray):
+    """Cells switch at runtime, steps run on the rank actors, the core publishes."""
+    from ray.util.placement_group import placement_group_table
+
+    from gyre_env.scheduler.elastic import ElasticConfig, ElasticDriver
+    from gyre_env.scheduler.local import LocalCellsConfig
+    from gyre_env.scheduler.policy import Role, WaterlevelPolicy
+    from gyre_env.scheduler.ray_cells import RayCells
+    from gyre_env.scheduler.workloads import RecordBook, ToolLoopConfig, ToolLoopWorkload
+
+    book = RecordBook()
+    config = LocalCellsConfig(cells=2, max_batch_size=8, switch_prior_s=0.05)
+    with RayCells(tiny_path, tokenizer, config, sink=book).open() as pool:
+        bundles = placement_group_table(pool.group.pg)["bundles"]
+        assert len(bundles) == 2, "one placement group, a bundle per cell"
+        workload = ToolLoopWorkload(
+            pool.proxy.openai_base_url,
+            book,
+            ToolLoopConfig(group_size=2, turns=2, tool_delay_s=0.3),
+        )
+        driver = ElasticDriver(
+            pool.cells, WaterlevelPolicy(), workload, call=pool.proxy.call,
+            router=pool.proxy.core.router, clock=book.clock, costs=pool.costs, core=pool.core,
+            config=ElasticConfig(steps=2, groups_per_step=1, agent_slots=3, timeout_s=120),
+        )  # fmt: skip
+        result = driver.run()
+        assert [s["step"] for s in result.steps] == [1, 2]
+        assert Role.TRAINING in [r.to for r in result.switches]
+        assert pool.board.version == 2 and pool.group.call("version")[0] == 2
+        assert pool.group.call("has_optimizer_state") == [True, False]
