@@ -161,9 +161,15 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None):
             trainer_factory=lambda d: TorchTrainer(d, cfg.optim_config(), cfg.loss_config()),
         )  # fmt: skip
     else:
+        import ray as ray_module
+
         from gyre_env.scheduler.ray_cells import RayCells, RayGroupConfig
 
-        group = RayGroupConfig(trainer_configs=(cfg.optim_config(), cfg.loss_config()))
+        nodes = sum(1 for n in ray_module.nodes() if n.get("Alive"))
+        group = RayGroupConfig(
+            trainer_configs=(cfg.optim_config(), cfg.loss_config()),
+            strategy="SPREAD" if nodes > 1 else "PACK",  # a cluster: cells over its nodes
+        )
         pool = RayCells(model_dir, tokenizer, cells_config, service_factory=service, ray=group)
     t0 = time.monotonic()
     try:
@@ -237,10 +243,19 @@ def _report(cfg: TrainConfig) -> None:
 
 
 def _export_newest(pool, tokenizer, folder) -> None:
-    """The newest published weights as a Hugging Face folder (the model the run made)."""
-    cell = pool.cells[0]
-    cell.sync_trainer()
-    cell.trainer.save_pretrained(folder)
+    """The newest published weights as a Hugging Face folder (the model the run made),
+    written here (on Ray the core's rank may sit on another node: the board's copy)."""
+    if getattr(pool, "group", None) is not None:
+        from gyre_env.trainers.torch_backend import TorchTrainer
+
+        trainer = TorchTrainer(pool.model_dir)
+        _, tensors = pool.board.latest()
+        if tensors:
+            trainer.load_named_parameters(tensors)
+    else:
+        trainer = pool.cells[0].trainer
+        pool.cells[0].sync_trainer()
+    trainer.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
 
