@@ -207,9 +207,10 @@ class WaterlevelPolicy:
     """Gyre's elastic policy: cells follow the waterlevel of agent work, and training takes
     cells only when there is a step for them to run.
 
-    *Training work* is a full batch (``groups_per_step`` groups) ready, or due before a
-    cell moved now would finish its switch (the policy measures the rate at which groups
-    finish). Then:
+    *Training work* is a step that can start before a cell moved now would finish its
+    switch: a full batch (``groups_per_step`` groups) ready or due by then (the policy
+    measures the rate at which groups finish), and no step running that ends later (the
+    policy times its own steps: a cell's tokens/s in a step, overheads included). Then:
 
     - ROLLOUT -> TRAINING one cell at a time while ``w(t) <= C_R(t) - C_e`` (the requests
       in flight would still fit without one cell); an empty system (no calls at all) sends
@@ -217,9 +218,11 @@ class WaterlevelPolicy:
     - when a step can start, the training side is brought to the cells the step wants
       (``training_cells_wanted``: all spare cells when admissions wait on the trainer,
       else those that finish the batch by the time the next one is due);
-    - a step waits for the cells on their way to training, then starts on all of them;
+    - a step waits for the cells on their way to training (those the same decision sends
+      included), then starts on all of them;
     - TRAINING -> ROLLOUT for training cells left without a step when ``w(t) > C_R(t)``
-      (requests queue for a slot), as many as the queue fills, while no batch is due;
+      (requests queue for a slot), as many as the queue fills, while the next step is
+      more than a switch round trip away;
     - every switch must gain more than the measured switch cost times ``gain_margin``, and
       a cell stays ``min_dwell_factor`` x its switch cost in a role;
     - rollouts are admitted within the staleness bound (``obs.staleness_bound``);
@@ -239,12 +242,22 @@ class WaterlevelPolicy:
     max_batch_growth: float = 2.0
     _finished: list = field(default_factory=list, repr=False)
     """(time, groups finished so far) each time that count changed, the last 64."""
+    _step: tuple | None = field(default=None, repr=False)
+    """The step this policy asked for and has not seen end: (time, cells, tokens, seen
+    running)."""
+    _cell_rate: float | None = field(default=None, repr=False)
+    """Measured tokens/s of one training cell in a step (running mean over steps)."""
 
     def decide(self, obs: Observation) -> Decision:
         self._observe(obs)
         admit = staleness_admits(obs, obs.staleness_bound)
         switches = self._switches(obs)
-        return Decision(switches=switches, admit_groups=admit, train_groups=self._train_now(obs))
+        coming = obs.switching_to(Role.TRAINING) + sum(s.to is Role.TRAINING for s in switches)
+        train = self._train_now(obs, coming)
+        if train:
+            per_group = obs.ready_tokens / obs.groups_ready
+            self._step = (obs.time, len(obs.cells(Role.TRAINING)), per_group * train, False)
+        return Decision(switches=switches, admit_groups=admit, train_groups=train)
 
     # ---- what the policy measures ---------------------------------------------------------
     def _observe(self, obs: Observation) -> None:
@@ -252,6 +265,36 @@ class WaterlevelPolicy:
         if not self._finished or done != self._finished[-1][1]:
             self._finished.append((obs.time, done))
             del self._finished[:-64]
+        if self._step is None:
+            return
+        t0, cells, tokens, seen = self._step
+        if obs.step_running:
+            self._step = (t0, cells, tokens, True)
+            return
+        if seen and obs.time > t0 and cells:  # the step asked for has ended: its rate
+            rate = tokens / (cells * (obs.time - t0))
+            old = self._cell_rate
+            self._cell_rate = rate if old is None else 0.5 * (old + rate)
+        self._step = None  # (or the driver did not start it)
+
+    def cell_rate(self, obs: Observation) -> float:
+        """Tokens per second one training cell gets through a step, overheads included, as
+        measured on the steps so far (before the first: ``obs.train_tokens_per_s``)."""
+        return self._cell_rate or max(obs.train_tokens_per_s, 1e-9)
+
+    def step_left_s(self, obs: Observation) -> float:
+        """Seconds until the running step ends (0: none runs; inf: one runs that this policy
+        did not start, so it has no estimate)."""
+        if not obs.step_running:
+            return 0.0
+        if self._step is None:
+            return math.inf
+        t0, cells, tokens, _ = self._step
+        return max(0.0, t0 + tokens / (max(cells, 1) * self.cell_rate(obs)) - obs.time)
+
+    def next_step_s(self, obs: Observation) -> float:
+        """Seconds until the next step can start: a full batch ready and no step running."""
+        return max(self.batch_due_s(obs), self.step_left_s(obs))
 
     def group_rate(self, obs: Observation) -> float:
         """Groups finished per second over the recent window (0: not known yet)."""
@@ -279,7 +322,7 @@ class WaterlevelPolicy:
           known yet;
         - else the cells that finish the batch by the time the next one is due."""
         per_group = obs.ready_tokens / obs.groups_ready if obs.groups_ready else 0.0
-        work = per_group * obs.groups_per_step / max(obs.train_tokens_per_s, 1e-9)  # cell-s
+        work = per_group * obs.groups_per_step / self.cell_rate(obs)  # cell-s
         x = work / max(self.gain_margin * obs.switch_costs.round_trip_s, 1e-9)
         worth = int((1.0 + math.sqrt(1.0 + 4.0 * x)) / 2.0)  # largest n: n (n - 1) <= x
         spare = max(1, obs.n_cells - self.min_rollout_cells)
@@ -303,20 +346,23 @@ class WaterlevelPolicy:
         costs = obs.switch_costs
         rollout = obs.cells(Role.ROLLOUT)
         w, c_r, c_e = obs.waterlevel, obs.rollout_capacity, max(obs.capacity, default=0)
-        due = self.batch_due_s(obs) <= costs.mean(Role.TRAINING)
+        # a cell moved now trains only once the next step can start: until then it idles
+        next_step = self.next_step_s(obs)
         idle = self._idle_training(obs)
-        if w > c_r and idle and not due and obs.switching_to(Role.ROLLOUT) == 0:
+        if w > c_r and idle and next_step > costs.round_trip_s:
+            # high water, and the idle cells would be back before the next step needs them
+            if obs.switching_to(Role.ROLLOUT):
+                return ()
             gain = obs.queue * obs.call_s / max(c_r, 1)  # the queue's drain time now
             if gain > self.gain_margin * costs.mean(Role.ROLLOUT):
-                want = math.ceil(obs.queue / max(c_e, 1))
-                return self._moves(obs, idle, Role.ROLLOUT, want)
+                return self._moves(obs, idle, Role.ROLLOUT, math.ceil(obs.queue / max(c_e, 1)))
             return ()
         spare = len(rollout) - self.min_rollout_cells
-        if not due or spare <= 0:
+        if next_step > costs.mean(Role.TRAINING) or spare <= 0:
             return ()
         if w == 0 and obs.queue == 0:  # an empty system
             return self._moves(obs, rollout, Role.TRAINING, spare)
-        have = len(obs.cells(Role.TRAINING, settled=False))
+        have = len(obs.cells(Role.TRAINING)) + obs.switching_to(Role.TRAINING)
         want = self.training_cells_wanted(obs) - have
         if want <= 0 and w <= c_r - c_e and not obs.switching_to(Role.TRAINING):
             want = 1  # low water: one more cell
@@ -332,13 +378,15 @@ class WaterlevelPolicy:
         return tuple(Switch(i, to) for i in ok)
 
     # ---- the step -----------------------------------------------------------------------------
-    def _train_now(self, obs: Observation) -> int:
+    def _train_now(self, obs: Observation, coming: int) -> int:
+        """The step to start now (0: none); ``coming``: cells on their way to training,
+        those this decision sends included."""
         if obs.step_running or obs.groups_ready < obs.groups_per_step:
             return 0
         settled = len(obs.cells(Role.TRAINING))
         if not settled:
             return 0
-        if obs.switching_to(Role.TRAINING) and settled < self.training_cells_wanted(obs):
+        if coming and settled < self.training_cells_wanted(obs):
             return 0  # the cells on their way join this step
         # low load (no queue), and admissions not waiting on the trainer (a grown step
         # advances the version once for more groups): up to the grown batch of what is ready

@@ -273,3 +273,38 @@ def test_sweeps_run_as_long_as_the_main_run_unless_told():
     assert _variant(cfg, "cells", 2).duration_s == 5400.0
     cfg.sweep.duration_s = 600.0
     assert _variant(cfg, "tool_tail_fraction", 0.3).duration_s == 600.0
+
+
+def test_waterlevel_neither_starts_a_step_without_the_cells_it_sends_nor_sends_them_twice():
+    # the defects this guards (24 h NL2Repo runs): a batch ready, two cells idle in training:
+    # the step started on those two (hours long) while the same decision sent the rest,
+    # which then idled beside it; and cells on their way were not counted, so every tick
+    # sent another round until the whole cluster was switching
+    roles = (Role.TRAINING, Role.TRAINING) + (Role.ROLLOUT,) * 8
+    gated = dict(
+        n=10, roles=roles, groups_ready=2, ready_tokens=600_000, groups_started=6,
+        waterlevel=64, in_flight=(0, 0) + (8,) * 8,
+    )  # fmt: skip
+    policy = WaterlevelPolicy()
+    d = policy.decide(_obs(**gated))
+    sent = [s.cell for s in d.switches if s.to is Role.TRAINING]
+    assert len(sent) == policy.training_cells_wanted(_obs(**gated)) - 2 > 0
+    assert d.train_groups == 0, "the step waits for the cells this decision sends"
+    switching = tuple(i in sent for i in range(10))
+    again = policy.decide(_obs(**gated, switching=switching))
+    assert not [s for s in again.switches if s.to is Role.TRAINING]
+
+
+def test_waterlevel_sends_no_cell_to_training_while_a_long_step_runs():
+    # a full batch is ready but the running step has minutes left: a cell moved now would
+    # idle until it ends; one ending within a switch gets its cells in time
+    policy = WaterlevelPolicy()
+    roles = (Role.TRAINING,) + (Role.ROLLOUT,) * 3
+    base = dict(roles=roles, groups_ready=2, ready_tokens=600_000, in_flight=(0, 1, 1, 1))
+    base.update(waterlevel=3, last_switch=(-math.inf,) + (1000.0,) * 3)  # just arrived
+    assert policy.decide(_obs(**base)).train_groups == 2  # 600 cell-s on one cell
+    running = dict(base, step_running=True, in_step=(True, False, False, False))
+    assert policy.step_left_s(_obs(**running, time=1001.0)) == pytest.approx(599.0)
+    assert policy.decide(_obs(**running, time=1001.0)).switches == ()
+    late = policy.decide(_obs(**running, time=1595.0))
+    assert late.switches and {s.to for s in late.switches} == {Role.TRAINING}
