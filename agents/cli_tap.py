@@ -95,7 +95,7 @@ class CliAgent:
                     n = tap.wait_for(session, seen, self.config.poll_s)
                     if n > seen and self.config.interim_rewards:
                         seen = n
-                        self._interim(ctx)
+                        ctx.interim_reward()
                     seen = n
                 else:
                     time.sleep(self.config.poll_s)
@@ -186,20 +186,6 @@ class CliAgent:
             ctx.clock.reattribute("tool", "model", exact - polled)
         elif polled > exact:
             ctx.clock.reattribute("model", "tool", polled - exact)
-
-    def _interim(self, ctx: EpisodeContext) -> None:
-        """The interim reward of the workspace now (a model-turn boundary): the env's own
-        potential scorer and reward tracker, so the episode's return still equals its final
-        score in ``potential`` mode."""
-        env = getattr(ctx.env, "unwrapped", ctx.env)
-        scorer, tracker = getattr(env, "scorer", None), getattr(env, "rewards", None)
-        if scorer is None or tracker is None:
-            return  # sparse rewards, or an env without a potential
-        potential = scorer.update()  # timed as scoring by EpisodeContext.instrument_scoring
-        reward = tracker.step(potential.phi)
-        ctx.record_external_step(
-            "model-turn", reward, {"reward": {"potential": potential.as_dict(), "value": reward}}
-        )
 
 
 class _ModelPhase:

@@ -71,13 +71,32 @@ class EpisodeContext:
         if time.monotonic() > self.deadline:
             raise LimitsExceeded("episode time limit reached", EndReason.TIME_LIMIT)
 
+    @property
+    def _base_env(self):
+        """The env under its wrappers, whose own API (sandbox, interim rewards) agents use."""
+        return getattr(self.env, "unwrapped", self.env)
+
     def sandbox(self):
-        """The env's sandbox (CLI agents run inside it)."""
-        env = getattr(self.env, "unwrapped", self.env)
-        sandbox = getattr(env, "sandbox", None)
-        if sandbox is None:
-            raise TypeError(f"{type(env).__name__} exposes no sandbox; a CLI agent needs one")
-        return sandbox
+        """The episode's sandbox (CLI agents run inside it): the env's ``sandbox_handle()``."""
+        env = self._base_env
+        handle = getattr(env, "sandbox_handle", None)
+        if handle is None:
+            raise TypeError(
+                f"{type(env).__name__} has no sandbox_handle(); a CLI agent needs a sandbox"
+            )
+        return handle()
+
+    def interim_reward(self) -> None:
+        """At a model-turn boundary of an agent that acts outside ``step`` (a CLI agent):
+        the env's ``interim_reward()``, timed as ``scoring`` and recorded as a step of the
+        trace. Nothing happens with an env that pays no interim rewards."""
+        interim = getattr(self._base_env, "interim_reward", None)
+        if interim is None:
+            return
+        with self.clock.phase("scoring"):
+            reward, info = interim()
+        if info:
+            self.record_external_step("model-turn", reward, info)
 
     def step(self, action: dict) -> tuple[Any, float, bool, bool, dict]:
         """Execute one tool call with ``env.step``; time it as ``tool`` (``scoring`` for
@@ -91,7 +110,10 @@ class EpisodeContext:
             obs, reward, terminated, truncated, info = self.env.step(action)
         seconds = time.monotonic() - start
         self.terminated, self.truncated = bool(terminated), bool(truncated)
-        self._attribute_scoring(name, info)
+        if name != "submit":  # a tool step that scored (or graded, at a limit): move that time
+            scoring = float(getattr(self._base_env, "last_scoring_s", 0.0) or 0.0)
+            if scoring > 0:
+                self.clock.reattribute("tool", "scoring", min(scoring, seconds))
         self.total_reward += float(reward)
         self.trace.append(
             StepRecord(
@@ -123,33 +145,6 @@ class EpisodeContext:
             )
         )
         self.last_info = info
-
-    def _attribute_scoring(self, tool: str, info: dict) -> None:
-        """A step that hit the env's limit graded the episode inside a tool call: count the
-        grading (``env.last_grading.duration_s``) as scoring."""
-        if tool == "submit" or not self.done:
-            return
-        grading = getattr(getattr(self.env, "unwrapped", self.env), "last_grading", None)
-        seconds = float(getattr(grading, "duration_s", 0.0) or 0.0)
-        if seconds > 0:
-            self.clock.reattribute("tool", "scoring", seconds)
-
-    def instrument_scoring(self) -> None:
-        """Time the env's interim scorer as ``scoring`` (it runs inside tool steps). Wraps
-        the bound ``update`` of this episode's own scorer instance; nothing global."""
-        env = getattr(self.env, "unwrapped", self.env)
-        scorer = getattr(env, "scorer", None)
-        update = getattr(scorer, "update", None)
-        if update is None or getattr(update, "_gyre_timed", False):
-            return
-        clock = self.clock
-
-        def timed_update(*args, **kwargs):
-            with clock.phase("scoring"):
-                return update(*args, **kwargs)
-
-        timed_update._gyre_timed = True
-        scorer.update = timed_update
 
     def latest_call(self) -> int | None:
         """``call_index`` of the session's latest finished model call, if the proxy's record

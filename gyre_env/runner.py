@@ -434,7 +434,6 @@ class Runner:
             endpoint=endpoint,
             deadline=time.monotonic() + limit,
         )
-        ctx.instrument_scoring()
         with self._active_lock:
             self._active[session] = (ctx, ctx.deadline + self.config.hard_kill_grace_s)
             if self._cancel.is_set():

@@ -23,7 +23,12 @@ workspace in a fresh evaluator sandbox (``gyre_env.scoring.final``).
 running; then one of ``gyre_env.scoring.OUTCOMES``), ``reward_valid`` (False only for
 ``infra_error``), ``grading`` (a digest of the hidden-test run, at the end). Timings are
 kept out of ``info`` so equal seeds and actions give equal infos; the full grading run
-with timings and logs is ``env.unwrapped.last_grading``.
+with timings and logs is ``env.unwrapped.last_grading``, and the seconds the last step
+spent scoring are ``env.unwrapped.last_scoring_s``.
+
+An agent that works inside the sandbox with its own process (a CLI agent) uses two more
+methods: ``sandbox_handle()`` (the episode's sandbox) and ``interim_reward()`` (score the
+workspace now and pay the change, at the agent's model-turn boundaries).
 """
 
 from __future__ import annotations
@@ -169,6 +174,9 @@ class NL2RepoEnv(gym.Env):
         self.sandbox = None
         self.task: Task | None = None
         self.last_grading: GradingResult | None = None
+        self.last_scoring_s = 0.0
+        """Seconds the last ``step`` (or ``interim_reward``) spent scoring: the interim
+        scorer, and the grading run when the step ended the episode."""
         self._last_obs = ""
         self._done = True
         self._closed = False
@@ -281,6 +289,7 @@ class NL2RepoEnv(gym.Env):
                 '{"name": str, "arguments": JSON str or dict}'
             )
         self.steps += 1
+        self.last_scoring_s = 0.0
         args, error = self.action_space.validate_call(action)
         name = action["name"]
         from gyre_env.sandbox import SandboxError
@@ -298,7 +307,7 @@ class NL2RepoEnv(gym.Env):
                 return self._finish(submitted=False, tool=name, tool_output=out)
             phi = None
             if self.scorer is not None and (name in T.MUTATING_TOOLS or self._potential is None):
-                self._potential = self.scorer.update(visible=out.visible)
+                self._potential = self._score(visible=out.visible)
                 phi = self._potential.phi
             reward = self.rewards.step(phi)
         except SandboxError as e:
@@ -308,6 +317,37 @@ class NL2RepoEnv(gym.Env):
             tool=name, ok=out.ok, error=None if out.ok else out.text, reward=reward, outcome=None
         )
         return self._last_obs, reward, False, False, info
+
+    def _score(self, **kwargs):
+        start = time.monotonic()
+        try:
+            return self.scorer.update(**kwargs)
+        finally:
+            self.last_scoring_s += time.monotonic() - start
+
+    # -- for an agent that acts inside the sandbox (a CLI agent) ------------------------
+
+    def sandbox_handle(self):
+        """The running episode's sandbox, for an agent that runs its own process in it;
+        its tool calls bypass ``step``, so it reports model turns with ``interim_reward``."""
+        if self._done or self.sandbox is None:
+            raise RuntimeError("no episode is running: call reset() first")
+        return self.sandbox
+
+    def interim_reward(self) -> tuple[float, dict]:
+        """Score the workspace as it is now and pay the step reward for it (the change in
+        potential in ``potential`` mode, so the return still sums to the final score): what
+        an agent acting outside ``step`` calls at a model-turn boundary. Returns
+        ``(reward, info)`` with ``info["reward"]`` shaped like a step's; ``(0.0, {})`` with
+        sparse rewards."""
+        if self._done:
+            raise RuntimeError("no episode is running: call reset() first")
+        self.last_scoring_s = 0.0
+        if self.scorer is None:
+            return 0.0, {}
+        potential = self._score()
+        reward = self.rewards.step(potential.phi)
+        return reward, {"reward": {"potential": potential.as_dict(), "value": reward}}
 
     def _run_tests(self) -> T.ToolOutput:
         if not self.task.has_visible_tests:
@@ -336,7 +376,9 @@ class NL2RepoEnv(gym.Env):
     # -- the end of an episode ---------------------------------------------------------
 
     def _finish(self, *, submitted: bool, tool: str, tool_output=None):
+        start = time.monotonic()
         grading = grade_sandbox(self.task, self.sandbox, self._grading_config())
+        self.last_scoring_s += time.monotonic() - start
         self.last_grading = grading
         self._release()
         self._done = True

@@ -337,3 +337,26 @@ def test_warm_pool_resets_take_started_sandboxes_never_shared(task_dir):
         for env in envs:
             env.close()
         close_shared_pools()
+
+
+def test_cli_agent_api_sandbox_handle_and_interim_reward(task_dir):
+    """What an agent acting inside the sandbox uses: the sandbox, and interim rewards at
+    its model-turn boundaries that sum with the final reward to the score."""
+    env = make_env(task_dir, reward_mode="potential")
+    with pytest.raises(RuntimeError, match="reset"):
+        env.sandbox_handle()
+    env.reset(seed=0)
+    sandbox = env.sandbox_handle()
+    first, _ = env.interim_reward()
+    sandbox.write_file("calc.py", PARTIAL)  # the agent's own process writes the file
+    reward, info = env.interim_reward()
+    assert info["reward"]["value"] == reward and reward > 0
+    assert info["reward"]["potential"]["phi"] == pytest.approx(first + reward)
+    assert env.last_scoring_s > 0
+    _, final, *_ = env.step(call("submit"))
+    assert first + reward + final == pytest.approx(0.25)  # the return is the score
+    env.close()
+    sparse = make_env(task_dir, reward_mode="sparse")
+    sparse.reset(seed=0)
+    assert sparse.interim_reward() == (0.0, {})
+    sparse.close()
