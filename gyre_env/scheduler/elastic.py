@@ -67,6 +67,9 @@ class Workload(Protocol):
         """Training tokens of a finished group."""
         ...
 
+    # optional: ``has_signal(group) -> bool``; a group without (all rewards equal, say) is
+    # not trained on and counts as discarded (``Observation.groups_discarded``)
+
 
 @dataclass(kw_only=True)
 class ElasticConfig:
@@ -209,7 +212,7 @@ class ElasticDriver:
         self._pending: collections.deque[int] = collections.deque()
         self._running = 0
         self._ready: list = []
-        self._started = self._trained = 0
+        self._started = self._trained = self._discarded = 0
         self._step: concurrent.futures.Future | None = None
         self._step_cells: set[int] = set()
         self._switches: dict[int, concurrent.futures.Future] = {}
@@ -274,6 +277,7 @@ class ElasticDriver:
         )
         with self._lock:
             pending, running, ready = len(self._pending), self._running, list(self._ready)
+        step_cells = set(self._step_cells) if self._step is not None else set()
         cfg = self.config
         return Observation(
             time=self._now(), roles=roles, switching=switching, in_flight=in_flight,
@@ -284,13 +288,14 @@ class ElasticDriver:
             waterlevel=sum(in_flight) + self.router.waiting, queue=self.router.waiting,
             rollout_capacity=rollout_cap, groups_started=self._started,
             groups_pending=pending, groups_running=running, groups_ready=len(ready),
-            groups_trained=self._trained,
+            groups_trained=self._trained, groups_discarded=self._discarded,
             ready_tokens=sum(self.workload.tokens(g) for g in ready),
             groups_per_step=cfg.groups_per_step,
             groups_per_iteration=cfg.groups_per_step * cfg.steps_per_iteration,
             steps_per_iteration=cfg.steps_per_iteration, staleness_bound=cfg.staleness_bound,
             switch_costs=self.costs, call_s=self.clock.mean_s,
             train_tokens_per_s=self._train_tokens_per_s,
+            in_step=tuple(c.id in step_cells for c in self.cells) if step_cells else (),
         )  # fmt: skip
 
     def _apply(self, d: Decision) -> None:
@@ -334,8 +339,13 @@ class ElasticDriver:
         finally:
             with self._lock:
                 self._running -= 1
+        signal = getattr(self.workload, "has_signal", None)
         with self._lock:
-            self._ready.append(group)
+            if signal is None or signal(group):
+                self._ready.append(group)
+            else:  # no learning signal: taken off at once, not trained on
+                self._trained += 1
+                self._discarded += 1
             self.result.groups_run += 1
         self._wake.set()
 
