@@ -222,7 +222,9 @@ class WaterlevelPolicy:
       included), then starts on all of them;
     - TRAINING -> ROLLOUT for training cells left without a step when ``w(t) > C_R(t)``
       (requests queue for a slot), as many as the queue fills, while the next step is
-      more than a switch round trip away;
+      more than a switch round trip away; at low water (no queue) those beyond the cells
+      a step is worth (``_worth``) go back while the next step is more than two round
+      trips away: idle in training they serve nothing, in rollout they spread the calls;
     - every switch must gain more than the measured switch cost times ``gain_margin``, and
       a cell stays ``min_dwell_factor`` x its switch cost in a role;
     - rollouts are admitted within the staleness bound (``obs.staleness_bound``);
@@ -247,6 +249,8 @@ class WaterlevelPolicy:
     running)."""
     _cell_rate: float | None = field(default=None, repr=False)
     """Measured tokens/s of one training cell in a step (running mean over steps)."""
+    _group_tokens: float = field(default=0.0, repr=False)
+    """Tokens per ready group, as last seen."""
 
     def decide(self, obs: Observation) -> Decision:
         self._observe(obs)
@@ -313,18 +317,14 @@ class WaterlevelPolicy:
 
     def training_cells_wanted(self, obs: Observation) -> int:
         """Cells for the next step: the cells whose rollout slots are idle now, and more
-        while they are worth their switch (the n-th cell saves ``W / (n (n - 1))`` seconds
-        of a step of ``W`` cell-seconds, which must beat ``gain_margin`` x the switch round
-        trip), up to
+        while they are worth their switch (``_worth``), up to
 
         - all spare cells when admissions wait on the trainer (the staleness bound is
           reached: the step is on the rollouts' critical path) or the batch rate is not
           known yet;
         - else the cells that finish the batch by the time the next one is due."""
-        per_group = obs.ready_tokens / obs.groups_ready if obs.groups_ready else 0.0
-        work = per_group * obs.groups_per_step / self.cell_rate(obs)  # cell-s
-        x = work / max(self.gain_margin * obs.switch_costs.round_trip_s, 1e-9)
-        worth = int((1.0 + math.sqrt(1.0 + 4.0 * x)) / 2.0)  # largest n: n (n - 1) <= x
+        worth = self._worth(obs)
+        work = self._group_tokens * obs.groups_per_step / self.cell_rate(obs)  # cell-s
         spare = max(1, obs.n_cells - self.min_rollout_cells)
         rate = self.group_rate(obs)
         c_e = max(obs.capacity, default=1) or 1
@@ -334,6 +334,17 @@ class WaterlevelPolicy:
         else:
             wanted = math.ceil(work * rate / obs.groups_per_step)
         return max(1, min(spare, max(min(worth, wanted), idle_now)))
+
+    def _worth(self, obs: Observation) -> int:
+        """The most cells a step of one batch is worth switching for: the n-th saves
+        ``W / (n (n - 1))`` seconds of a step of ``W`` cell-seconds, which must beat
+        ``gain_margin`` x the switch round trip (the last ready groups' size when none is
+        ready)."""
+        if obs.groups_ready:
+            self._group_tokens = obs.ready_tokens / obs.groups_ready
+        work = self._group_tokens * obs.groups_per_step / self.cell_rate(obs)  # cell-s
+        x = work / max(self.gain_margin * obs.switch_costs.round_trip_s, 1e-9)
+        return int((1.0 + math.sqrt(1.0 + 4.0 * x)) / 2.0)  # largest n: n (n - 1) <= x
 
     # ---- the switches -------------------------------------------------------------------------
     def _idle_training(self, obs: Observation) -> list[int]:
@@ -357,6 +368,12 @@ class WaterlevelPolicy:
             if gain > self.gain_margin * costs.mean(Role.ROLLOUT):
                 return self._moves(obs, idle, Role.ROLLOUT, math.ceil(obs.queue / max(c_e, 1)))
             return ()
+        # low water, no step near: the idle cells beyond those a step is worth serve until
+        # then (spreading the calls, fewer per cell) rather than idle in training
+        keep = self._worth(obs)
+        near = next_step <= 2 * costs.round_trip_s or obs.switching_to(Role.ROLLOUT)
+        if len(idle) > keep and w > 0 and not near:
+            return self._moves(obs, idle, Role.ROLLOUT, len(idle) - keep)
         spare = len(rollout) - self.min_rollout_cells
         if next_step > costs.mean(Role.TRAINING) or spare <= 0:
             return ()

@@ -308,3 +308,13 @@ def test_waterlevel_sends_no_cell_to_training_while_a_long_step_runs():
     assert policy.decide(_obs(**running, time=1001.0)).switches == ()
     late = policy.decide(_obs(**running, time=1595.0))
     assert late.switches and {s.to for s in late.switches} == {Role.TRAINING}
+
+
+def test_waterlevel_idle_training_cells_serve_at_low_water_while_no_step_is_near():
+    # low water (no queue), no batch due: training cells beyond the one a small step is
+    # worth go back to spread the calls; with a batch due they stay
+    roles = (Role.ROLLOUT, Role.TRAINING, Role.TRAINING, Role.TRAINING)
+    low = dict(roles=roles, waterlevel=6, in_flight=(6, 0, 0, 0), ready_tokens=10_000)
+    d = WaterlevelPolicy().decide(_obs(**low, groups_ready=1))  # 20 cell-s: one cell's worth
+    assert len(d.switches) == 2 and {s.to for s in d.switches} == {Role.ROLLOUT}
+    assert WaterlevelPolicy().decide(_obs(**low, groups_ready=2)).switches == ()
