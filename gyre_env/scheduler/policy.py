@@ -223,14 +223,17 @@ class WaterlevelPolicy:
     - TRAINING -> ROLLOUT for training cells left without a step when ``w(t) > C_R(t)``
       (requests queue for a slot), as many as the queue fills, while the next step is
       more than a switch round trip away; at low water (no queue) those beyond the cells
-      a step is worth (``_worth``) go back while the next step is more than two round
-      trips away: idle in training they serve nothing, in rollout they spread the calls;
+      a step is worth (``_worth``) go back while the next step is more than
+      ``1 + gain_margin`` round trips away: idle in training they serve nothing, in
+      rollout they spread the calls;
     - every switch must gain more than the measured switch cost times ``gain_margin``, and
       a cell stays ``min_dwell_factor`` x its switch cost in a role;
-    - rollouts are admitted within the staleness bound (``obs.staleness_bound``);
+    - rollouts are admitted within the staleness bound (``obs.staleness_bound``), counted
+      in batches (``admits``);
     - under low load (no queue) a step takes up to ``max_batch_growth`` x the configured
-      batch of what is ready instead of leaving the rollout slots idle, unless admissions
-      wait on the trainer (a grown step would spend more groups on one version).
+      batch of what is ready instead of leaving it waiting, unless admissions wait on the
+      trainer; the groups it takes beyond one batch are admitted back once it runs (a
+      version-counted bound would otherwise shrink the work in flight for good).
 
     Source: the elastic RL design for long-horizon agents (2026) this project follows; the
     switch-cost gate, the batch-sized training side and batch growth are Gyre's.
@@ -249,18 +252,22 @@ class WaterlevelPolicy:
     running)."""
     _cell_rate: float | None = field(default=None, repr=False)
     """Measured tokens/s of one training cell in a step (running mean over steps)."""
+    _grown: int = field(default=0, repr=False)
+    """Groups the grown steps took beyond one batch each, so far."""
+    _step_groups: int = field(default=0, repr=False)
     _group_tokens: float = field(default=0.0, repr=False)
     """Tokens per ready group, as last seen."""
 
     def decide(self, obs: Observation) -> Decision:
         self._observe(obs)
-        admit = staleness_admits(obs, obs.staleness_bound)
+        admit = self.admits(obs)
         switches = self._switches(obs)
         coming = obs.switching_to(Role.TRAINING) + sum(s.to is Role.TRAINING for s in switches)
         train = self._train_now(obs, coming)
         if train:
             per_group = obs.ready_tokens / obs.groups_ready
             self._step = (obs.time, len(obs.cells(Role.TRAINING)), per_group * train, False)
+            self._step_groups = train
         return Decision(switches=switches, admit_groups=admit, train_groups=train)
 
     # ---- what the policy measures ---------------------------------------------------------
@@ -273,6 +280,8 @@ class WaterlevelPolicy:
             return
         t0, cells, tokens, seen = self._step
         if obs.step_running:
+            if not seen:  # it runs: the groups it takes beyond one batch count as a batch's
+                self._grown += max(0, self._step_groups - obs.groups_per_step)
             self._step = (t0, cells, tokens, True)
             return
         if seen and obs.time > t0 and cells:  # the step asked for has ended: its rate
@@ -280,6 +289,15 @@ class WaterlevelPolicy:
             old = self._cell_rate
             self._cell_rate = rate if old is None else 0.5 * (old + rate)
         self._step = None  # (or the driver did not start it)
+
+    def admits(self, obs: Observation) -> int:
+        """Groups to admit: :func:`staleness_admits`, plus the groups grown steps took
+        beyond one batch. The bound counts ``groups_per_step`` groups per version; a grown
+        step advances one version for more, and without them back every grown step would
+        shrink the work in flight for good (a new group still has fewer than
+        ``bound + 1`` batches ahead of it: each step takes at least one)."""
+        per_version = (obs.trainer_version + obs.staleness_bound + 1) * obs.groups_per_step
+        return max(0, per_version + obs.groups_discarded + self._grown - obs.groups_started)
 
     def cell_rate(self, obs: Observation) -> float:
         """Tokens per second one training cell gets through a step, overheads included, as
@@ -329,7 +347,7 @@ class WaterlevelPolicy:
         rate = self.group_rate(obs)
         c_e = max(obs.capacity, default=1) or 1
         idle_now = max(0, (obs.rollout_capacity - obs.waterlevel) // c_e)
-        if staleness_admits(obs, obs.staleness_bound) == 0 or rate <= 0:
+        if self.admits(obs) == 0 or rate <= 0:
             wanted = spare
         else:
             wanted = math.ceil(work * rate / obs.groups_per_step)
@@ -369,9 +387,11 @@ class WaterlevelPolicy:
                 return self._moves(obs, idle, Role.ROLLOUT, math.ceil(obs.queue / max(c_e, 1)))
             return ()
         # low water, no step near: the idle cells beyond those a step is worth serve until
-        # then (spreading the calls, fewer per cell) rather than idle in training
+        # then (spreading the calls, fewer per cell) rather than idle in training; the gain
+        # (serving time after the round trip) must beat margin x the round trip
         keep = self._worth(obs)
-        near = next_step <= 2 * costs.round_trip_s or obs.switching_to(Role.ROLLOUT)
+        near = next_step <= (1.0 + self.gain_margin) * costs.round_trip_s
+        near = near or obs.switching_to(Role.ROLLOUT) > 0
         if len(idle) > keep and w > 0 and not near:
             return self._moves(obs, idle, Role.ROLLOUT, len(idle) - keep)
         spare = len(rollout) - self.min_rollout_cells
@@ -407,6 +427,6 @@ class WaterlevelPolicy:
             return 0  # the cells on their way join this step
         # low load (no queue), and admissions not waiting on the trainer (a grown step
         # advances the version once for more groups): up to the grown batch of what is ready
-        if obs.queue == 0 and staleness_admits(obs, obs.staleness_bound) > 0:
+        if obs.queue == 0 and self.admits(obs) > 0:
             return min(obs.groups_ready, int(obs.groups_per_step * self.max_batch_growth))
         return obs.groups_per_step

@@ -318,3 +318,19 @@ def test_waterlevel_idle_training_cells_serve_at_low_water_while_no_step_is_near
     d = WaterlevelPolicy().decide(_obs(**low, groups_ready=1))  # 20 cell-s: one cell's worth
     assert len(d.switches) == 2 and {s.to for s in d.switches} == {Role.ROLLOUT}
     assert WaterlevelPolicy().decide(_obs(**low, groups_ready=2)).switches == ()
+
+
+def test_waterlevel_grows_a_step_at_low_load_without_shrinking_the_work_in_flight():
+    # 2 batches ready at low load (no queue, headroom under the bound): one step takes both
+    # (max_batch_growth 2); once it runs, the 2 groups beyond one batch are admitted back
+    # (the bound counts a batch per version: else every grown step shrinks the pipeline)
+    policy = WaterlevelPolicy()
+    roles = (Role.ROLLOUT,) + (Role.TRAINING,) * 3
+    obs = dict(roles=roles, groups_ready=4, ready_tokens=40_000, groups_started=4)
+    before = policy.admits(_obs(**obs))
+    d = policy.decide(_obs(**obs))
+    assert d.train_groups == 4 and d.admit_groups == before == 2
+    running = dict(obs, step_running=True, in_step=(False, True, True, True), groups_ready=0)
+    running["groups_trained"] = 4
+    policy.decide(_obs(**running))
+    assert policy.admits(_obs(**running)) == before + 2
