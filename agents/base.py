@@ -101,12 +101,21 @@ class AgentResult:
     extra: dict = field(default_factory=dict)
 
 
+API_KINDS = ("openai", "anthropic")
+"""The model APIs an endpoint can speak."""
+
+
 @dataclass(kw_only=True)
 class ModelEndpoint:
-    """Where an episode's agent reaches the policy: its own proxy session."""
+    """Where an episode's agent reaches the policy: its own proxy session. It is all an
+    agent knows of the model side; the proxy (``gyre_env.proxy.serving``) hosts the model."""
 
     base_url: str
-    """OpenAI-style base URL of the episode's session, e.g. ``http://127.0.0.1:8000/s/ep1/v1``."""
+    """Base URL of the episode's session for ``api``: OpenAI-style with ``/v1`` (e.g.
+    ``http://127.0.0.1:8000/s/ep1/v1``, then ``/chat/completions``), Anthropic-style without
+    it (``http://127.0.0.1:8000/s/ep1``, then ``/v1/messages``), as each SDK expects."""
+    api: str = "openai"
+    """The API to speak at ``base_url``: ``openai`` or ``anthropic``."""
     model: str = "tiny"
     """Model name sent in requests."""
     api_key: str = "gyre"
@@ -119,8 +128,12 @@ class ModelEndpoint:
     context_length: int = 8192
     """The model's context window in tokens (drives compaction)."""
     calls: Any = None
-    """The proxy's ``RecordTap`` (``calls(session)``, ``wait_for(...)``), when the proxy runs
-    in this process: a CLI agent learns its model-turn boundaries from it."""
+    """The proxy's ``RecordTap`` (``calls(session)``, ``wait_for(...)``, ``inflight(session)``),
+    when the proxy runs in this process: a CLI agent learns its model-turn boundaries from it."""
+
+    def __post_init__(self) -> None:
+        if self.api not in API_KINDS:
+            raise ValueError(f"ModelEndpoint.api must be one of {API_KINDS}, got {self.api!r}")
 
 
 class WaterLevel:

@@ -50,7 +50,8 @@ class CliAgentConfig:
     """Shell command run in the workspace. The prompt is in the file ``$GYRE_PROMPT_FILE``;
     ``$GYRE_BASE_URL`` (no ``/v1``), ``$OPENAI_BASE_URL`` (with ``/v1``),
     ``$ANTHROPIC_BASE_URL``, ``$OPENAI_API_KEY``, ``$ANTHROPIC_API_KEY`` and ``$GYRE_MODEL``
-    point at the episode's proxy session."""
+    point at the episode's proxy session; ``$GYRE_API`` is the endpoint's API (``openai`` or
+    ``anthropic``)."""
     name: str = "cli"
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for the CLI."""
@@ -62,10 +63,16 @@ class CliAgentConfig:
     """Seconds between TERM and KILL when the CLI must stop."""
     output_chars: int = 20000
     """CLI stdout/stderr kept in the result."""
+    state_dir: str = STATE_DIR
+    """Folder in the sandbox (outside the graded workspace, no spaces) for the prompt, output
+    and pid."""
 
 
 class CliAgent:
     """Runs ``config.command`` in the episode's sandbox (see the module docstring)."""
+
+    api: str | None = None
+    """The model API the CLI speaks (None: either; it gets both APIs' variables)."""
 
     def __init__(self, config: CliAgentConfig):
         if not config.command.strip():
@@ -116,30 +123,32 @@ class CliAgent:
         return result
 
     def _env(self, ctx: EpisodeContext) -> dict[str, str]:
-        ep = ctx.endpoint
+        ep, state = ctx.endpoint, self.config.state_dir
         base = ep.sandbox_base_url.rstrip("/")
         env = {
+            "GYRE_API": ep.api,
             "GYRE_BASE_URL": base,
             "GYRE_MODEL": ep.model,
-            "GYRE_PROMPT_FILE": f"{STATE_DIR}/prompt.md",
+            "GYRE_PROMPT_FILE": f"{state}/prompt.md",
             "OPENAI_BASE_URL": f"{base}/v1",
             "OPENAI_API_KEY": ep.api_key,
             "ANTHROPIC_BASE_URL": base,
             "ANTHROPIC_API_KEY": ep.api_key,
-            "HOME": f"{STATE_DIR}/home",
+            "HOME": f"{state}/home",
         }
         env.update(self.config.env)
         return env
 
     def _start(self, ctx: EpisodeContext, sandbox) -> None:
+        state = self.config.state_dir
         prompt = base64.b64encode(str(ctx.observation).encode()).decode()
-        setup = f"mkdir -p {STATE_DIR}/home && echo {prompt} | base64 -d > {STATE_DIR}/prompt.md"
+        setup = f"mkdir -p {state}/home && echo {prompt} | base64 -d > {state}/prompt.md"
         # The inner bash leads its own session: its pid is the process group to kill.
-        inner = f"echo $$ > {STATE_DIR}/pid\n{self.config.command}\necho $? > {STATE_DIR}/rc"
+        inner = f"echo $$ > {state}/pid\n{self.config.command}\necho $? > {state}/rc"
         launch = (
             f"{setup} || exit 1\nsetsid bash -c {shlex.quote(inner)} < /dev/null "
-            f"> {STATE_DIR}/stdout 2> {STATE_DIR}/stderr &\n"
-            f"for i in $(seq 100); do [ -s {STATE_DIR}/pid ] && exit 0; sleep 0.05; done; exit 1"
+            f"> {state}/stdout 2> {state}/stderr &\n"
+            f"for i in $(seq 100); do [ -s {state}/pid ] && exit 0; sleep 0.05; done; exit 1"
         )
         with ctx.clock.phase("tool"):
             res = sandbox.exec(launch, timeout=30, env=self._env(ctx))
@@ -148,14 +157,15 @@ class CliAgent:
         ctx.clock.enter("tool")  # the CLI's own work counts as tool time until it ends
 
     def _exit_code(self, sandbox) -> int | None:
-        res = sandbox.exec(f"cat {STATE_DIR}/rc 2>/dev/null || true", timeout=30)
+        state = self.config.state_dir
+        res = sandbox.exec(f"cat {state}/rc 2>/dev/null || true", timeout=30)
         text = res.stdout.strip()
         return int(text) if text.lstrip("-").isdigit() else None
 
     def _kill(self, sandbox) -> None:
-        g = self.config.stop_grace_s
+        g, state = self.config.stop_grace_s, self.config.state_dir
         cmd = (
-            f'p=$(cat {STATE_DIR}/pid 2>/dev/null); [ -n "$p" ] || exit 0; '
+            f'p=$(cat {state}/pid 2>/dev/null); [ -n "$p" ] || exit 0; '
             f"kill -TERM -- -$p 2>/dev/null; for i in $(seq {int(g * 10)}); do "
             f"kill -0 -- -$p 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL -- -$p 2>/dev/null; true"
         )
@@ -165,11 +175,11 @@ class CliAgent:
             log.warning("could not stop the CLI: %s", e)
 
     def _outputs(self, sandbox, rc: int | None) -> dict:
-        n = self.config.output_chars
+        n, state = self.config.output_chars, self.config.state_dir
         out = {"exit_code": rc}
         for name in ("stdout", "stderr"):
             try:
-                res = sandbox.exec(f"tail -c {n} {STATE_DIR}/{name} 2>/dev/null", timeout=30)
+                res = sandbox.exec(f"tail -c {n} {state}/{name} 2>/dev/null", timeout=30)
                 out[name] = res.stdout
             except Exception as e:  # the sandbox may be gone
                 out[name] = f"(unreadable: {e})"
@@ -223,6 +233,8 @@ class ClaudeCodeAgent(CliAgent):
     ``max_output_tokens``: its per-reply limit (``CLAUDE_CODE_MAX_OUTPUT_TOKENS``; it asks
     for 32k by default, long for a small local model); ``env``: more variables; other
     keyword arguments are ``CliAgentConfig`` fields."""
+
+    api = "anthropic"
 
     def __init__(
         self,

@@ -128,6 +128,8 @@ class LangGraphAgent:
     """Builds a graph per episode (the graph closes over the episode's context)."""
 
     name = "langgraph"
+    api = "openai"
+    """It calls the model with LangChain's ``ChatOpenAI``."""
 
     def __init__(self, config: LangGraphAgentConfig | None = None):
         require("langgraph", "the LangGraph agent")
@@ -141,6 +143,10 @@ class LangGraphAgent:
     def run(self, ctx: EpisodeContext) -> AgentResult:
         if ctx.endpoint is None:
             raise ValueError("the LangGraph agent needs a model endpoint (a proxy session)")
+        if ctx.endpoint.api != self.api:
+            raise ValueError(
+                f"the LangGraph agent speaks the OpenAI API; its endpoint is {ctx.endpoint.api}"
+            )
         from langchain_core.messages import HumanMessage, SystemMessage
 
         usage = _Usage()

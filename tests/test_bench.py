@@ -131,11 +131,10 @@ def test_langgraph_through_an_upstream_passthrough(tmp_path):
     """``--base-url``: the bench's proxy forwards the agent's calls to an OpenAI-compatible
     upstream (here another Gyre proxy serving a scripted policy: our own code, standing in
     for a hosted API) and records them; the policy writes the gold file and submits."""
-    from gyre_env.agents.serving import ModelService, ModelServiceConfig
-
     from gyre_env.engines.tiny import load_tokenizer
     from gyre_env.proxy.records import read_jsonl
     from gyre_env.proxy.scripted import ScriptedEngine
+    from gyre_env.proxy.serving import ModelService, ModelServiceConfig
     from gyre_env.tasks import get_task
 
     tok = load_tokenizer()

@@ -97,7 +97,7 @@ def _is_cli(agent) -> bool:
 
 def run_bench(cfg: BenchConfig) -> BenchRun:
     """Run the benchmark; print the table and summary; write results and the report."""
-    from gyre_env.agents.serving import ModelService, ModelServiceConfig
+    from gyre_env.proxy.serving import ModelService, ModelServiceConfig
 
     tasks = select_tasks(cfg.tasks, cfg.suite)
     agent = make_agent(cfg)
@@ -165,6 +165,17 @@ def _open_store(path: str | None):
 
 
 def _run(cfg: BenchConfig, agent, service, specs, out: Path, store=None):
+    endpoint_factory = None
+    if service is not None:
+        api = getattr(agent, "api", None)  # the agent's API (None: the service's)
+        if api is not None and not service.serves(api):
+            raise ValueError(
+                f"agent {agent.name} speaks the {api} API; the upstream speaks {cfg.api} (--api)"
+            )
+
+        def endpoint_factory(session: str):
+            return service.endpoint(session, cfg.model or "tiny", api=api)
+
     bar = None
     if cfg.progress:
         from tqdm import tqdm
@@ -177,9 +188,6 @@ def _run(cfg: BenchConfig, agent, service, specs, out: Path, store=None):
             bar.set_postfix_str(f"{result.task_id} {result.outcome} {score}")
             bar.update(1)
 
-    endpoint_factory = None
-    if service is not None:
-        endpoint_factory = lambda session: service.endpoint(session, cfg.model or "tiny")  # noqa: E731
     runner = Runner(
         agent,
         RunnerConfig(

@@ -10,6 +10,10 @@ Start one in-process and give each episode its own base URL::
     proxy.anthropic_base_url("episode-7")  # http://127.0.0.1:PORT/s/episode-7
     proxy.stop()
 
+For rollouts, ``ModelService`` (``gyre_env.proxy.serving``) hosts the model: the proxy, its
+engine (or an upstream API), the record tap and the sandbox route, and hands each episode's
+agent a ``ModelEndpoint``.
+
 Names are imported on first use, so ``import gyre_env.proxy`` stays light.
 """
 
@@ -25,6 +29,8 @@ _EXPORTS = {
     "JsonlSink": "gyre_env.trajectory.records",
     "read_jsonl": "gyre_env.trajectory.records",
     "ScriptedEngine": "gyre_env.proxy.scripted",
+    "ModelService": "gyre_env.proxy.serving",
+    "ModelServiceConfig": "gyre_env.proxy.serving",
     "UpstreamConfig": "gyre_env.proxy.passthrough",
     "CallContext": "gyre_env.proxy.sessions",
     "default_classifier": "gyre_env.proxy.sessions",

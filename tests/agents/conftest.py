@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from gyre_env.agents.serving import ModelService, ModelServiceConfig
 
 from gyre_env.proxy.scripted import ScriptedEngine
+from gyre_env.proxy.serving import ModelService, ModelServiceConfig
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,9 @@ from collections import Counter
 import pytest
 from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
 from gyre_env.agents.langgraph_agent import COMPACTION_PROMPT, SUBAGENT_PROMPT
-from gyre_env.agents.serving import ModelService, ModelServiceConfig
 
 from gyre_env.proxy.records import read_jsonl
+from gyre_env.proxy.serving import ModelService, ModelServiceConfig
 from gyre_env.runner import EpisodeSpec, Runner, RunnerConfig
 from gyre_env.tasks import get_task
 
