@@ -71,26 +71,44 @@ class EpisodeContext:
         if time.monotonic() > self.deadline:
             raise LimitsExceeded("episode time limit reached", EndReason.TIME_LIMIT)
 
-    @property
-    def _base_env(self):
-        """The env under its wrappers, whose own API (sandbox, interim rewards) agents use."""
-        return getattr(self.env, "unwrapped", self.env)
+    def _env_api(self, name: str):
+        """The env's own ``name`` (a method or value of its agent API), looked up through its
+        wrappers (``get_wrapper_attr``), so a wrapper may override it; None if it has none.
+        Agents reach the env only through these and ``step``, never its internals."""
+        get = getattr(self.env, "get_wrapper_attr", None)
+        if get is None:
+            return getattr(self.env, name, None)
+        try:
+            return get(name)
+        except AttributeError:
+            return None
 
     def sandbox(self):
         """The episode's sandbox (CLI agents run inside it): the env's ``sandbox_handle()``."""
-        env = self._base_env
-        handle = getattr(env, "sandbox_handle", None)
+        handle = self._env_api("sandbox_handle")
         if handle is None:
-            raise TypeError(
-                f"{type(env).__name__} has no sandbox_handle(); a CLI agent needs a sandbox"
-            )
+            raise TypeError(f"{self.env} has no sandbox_handle(); a CLI agent needs a sandbox")
         return handle()
+
+    def task_spec(self):
+        """The episode's ``Task`` (its full spec, gold included: for host-side tooling such as
+        the gold agent, never for the model): the env's ``task_spec()``, else the task of
+        ``task_id`` in the registered suites."""
+        spec = self._env_api("task_spec")
+        if spec is not None:
+            return spec()
+        from gyre_env.tasks import get_task
+
+        try:
+            return get_task(self.task_id)
+        except (KeyError, ValueError) as e:
+            raise AgentStop(f"cannot find this episode's task: {e}", EndReason.AGENT_ERROR) from e
 
     def interim_reward(self) -> None:
         """At a model-turn boundary of an agent that acts outside ``step`` (a CLI agent):
         the env's ``interim_reward()``, timed as ``scoring`` and recorded as a step of the
         trace. Nothing happens with an env that pays no interim rewards."""
-        interim = getattr(self._base_env, "interim_reward", None)
+        interim = self._env_api("interim_reward")
         if interim is None:
             return
         with self.clock.phase("scoring"):
@@ -111,7 +129,7 @@ class EpisodeContext:
         seconds = time.monotonic() - start
         self.terminated, self.truncated = bool(terminated), bool(truncated)
         if name != "submit":  # a tool step that scored (or graded, at a limit): move that time
-            scoring = float(getattr(self._base_env, "last_scoring_s", 0.0) or 0.0)
+            scoring = float(self._env_api("last_scoring_s") or 0.0)
             if scoring > 0:
                 self.clock.reattribute("tool", "scoring", min(scoring, seconds))
         self.total_reward += float(reward)

@@ -72,21 +72,7 @@ class GoldAgent(ScriptedAgent):
         super().__init__(actions=[], name=name)
 
     def plan(self, ctx: EpisodeContext) -> list[dict]:
-        task = episode_task(ctx)
+        task = ctx.task_spec()
         if task.gold_dir is None:
             raise AgentStop(f"task {task.id} has no gold solution", EndReason.AGENT_ERROR)
         return gold_actions(task.gold_dir)
-
-
-def episode_task(ctx: EpisodeContext):
-    """The ``Task`` of the episode: the env's own, else looked up by id in the suites."""
-    env = getattr(ctx.env, "unwrapped", ctx.env)
-    task = getattr(env, "task", None)
-    if task is not None:
-        return task
-    from gyre_env.tasks import get_task
-
-    try:
-        return get_task(ctx.task_id)
-    except (KeyError, ValueError) as e:
-        raise AgentStop(f"cannot find this episode's task: {e}", EndReason.AGENT_ERROR) from e

@@ -28,7 +28,9 @@ spent scoring are ``env.unwrapped.last_scoring_s``.
 
 An agent that works inside the sandbox with its own process (a CLI agent) uses two more
 methods: ``sandbox_handle()`` (the episode's sandbox) and ``interim_reward()`` (score the
-workspace now and pay the change, at the agent's model-turn boundaries).
+workspace now and pay the change, at the agent's model-turn boundaries). ``task_spec()``
+is the episode's full ``Task`` (gold and hidden-test paths included) for host-side tooling
+such as the gold agent; it is never shown to the model.
 """
 
 from __future__ import annotations
@@ -325,7 +327,14 @@ class NL2RepoEnv(gym.Env):
         finally:
             self.last_scoring_s += time.monotonic() - start
 
-    # -- for an agent that acts inside the sandbox (a CLI agent) ------------------------
+    # -- the agent API beyond step: the task, and for an agent acting inside the sandbox -
+
+    def task_spec(self) -> Task:
+        """The ``Task`` of the current (or last) episode, with its gold and hidden-test
+        paths: for host-side tooling (the gold agent), not for the model."""
+        if self.task is None:
+            raise RuntimeError("no episode has started: call reset() first")
+        return self.task
 
     def sandbox_handle(self):
         """The running episode's sandbox, for an agent that runs its own process in it;
