@@ -1,0 +1,49 @@
+"""Each policy's throughput and busy fraction, and the waterlevel policy's ratio to the best
+peer, at several horizons and seeds (issue 12's figures, not tuned on one config).
+
+    python benchmarks/simulator_policies.py CONFIG.toml [--hours 6 24] [--seeds 0 1 2]
+
+For every (hours, seed): ``compare`` without sweeps (the split policies at their best
+``k`` of the config's sweep), one table row per policy (stale: episodes dropped past
+the staleness bound), then the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gyre_env.scheduler.compare import compare
+from gyre_env.scheduler.config import load_sim_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config")
+    parser.add_argument("--hours", type=float, nargs="+", default=None, help="default: the config's")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = parser.parse_args(argv)
+    base = load_sim_config(args.config)
+    for hours in args.hours or [base.duration_s / 3600.0]:
+        for seed in args.seeds:
+            cfg = load_sim_config(args.config)
+            cfg.duration_s, cfg.seed, cfg.gantt_max_segments = hours * 3600.0, seed, 0
+            comp = compare(cfg, sweeps=False)
+            print(f"== {cfg.name}: {hours:g} h, seed {seed}")
+            print(f"{'policy':<14}{'k':>4}{'Mtok/h':>9}{'samples/h':>11}{'busy R':>8}"
+                  f"{'busy T':>8}{'idle':>7}{'steps':>6}{'stale':>7}")  # fmt: skip
+            for name, r in comp.results.items():
+                b, k = r.busy_fraction(), r.params.get("rollout_cells", "")
+                print(
+                    f"{name:<14}{k:>4}{r.tokens_per_hour / 1e6:>9.2f}{r.samples_per_hour:>11.1f}"
+                    f"{b['rollout']:>8.3f}{b['training']:>8.3f}{r.idle_fraction():>7.3f}"
+                    f"{r.steps:>6}{r.dropped_stale:>7}"
+                )
+            ratio = comp.waterlevel_ratio()
+            if ratio is not None:
+                print(f"waterlevel / best peer ({comp.best_peer()}): {ratio:.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
