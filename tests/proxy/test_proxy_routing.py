@@ -81,14 +81,16 @@ def test_all_paused_requests_wait_with_pings_and_none_is_lost(start_proxy, enc):
             httpx.post, proxy.anthropic_base_url("w") + "/v1/messages", json=stream_body, timeout=30
         )
         plain = [pool.submit(_post, proxy.openai_base_url(f"p{k}")) for k in range(6)]
-        deadline = time.monotonic() + 10
-        while proxy.core.router.waiting < 7 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert proxy.core.router.waiting == 7
-        assert "gyre_proxy_waiting_calls 7" in httpx.get(proxy.base_url + "/metrics").text
-        time.sleep(0.5)
-        assert not streamed.done() and not any(f.done() for f in plain)
-        proxy.call(proxy.core.router.resume())
+        try:
+            deadline = time.monotonic() + 30
+            while proxy.core.router.waiting < 7 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert proxy.core.router.waiting == 7
+            assert "gyre_proxy_waiting_calls 7" in httpx.get(proxy.base_url + "/metrics").text
+            time.sleep(0.5)
+            assert not streamed.done() and not any(f.done() for f in plain)
+        finally:  # a failed check must not leave the pinged stream waiting forever
+            proxy.call(proxy.core.router.resume())
         text = streamed.result().text
         results = [f.result() for f in plain]
     assert text.count("event: ping") >= 3 and text.index("event: ping") < text.index(
