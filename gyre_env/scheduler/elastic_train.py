@@ -107,7 +107,7 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None):
     in one placement group (``ray_cells.RayCells``; ``auto``, ``local`` or a cluster
     address, see ``ray_cells.connect``); None: all in this process."""
     from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
-    from gyre_env.agents.serving import ModelService, ModelServiceConfig
+    from gyre_env.proxy.serving import ModelService, ModelServiceConfig
     from gyre_env.engines.tiny import load_tokenizer
     from gyre_env.scheduler.elastic import CallClock, ElasticConfig, ElasticDriver
     from gyre_env.scheduler.local import LocalCells, LocalCellsConfig

@@ -188,7 +188,7 @@ class _Run:
         self.logger.log("phase", {"phase": "setup", "seconds": time.monotonic() - t0})
 
     def _service(self, engines):
-        from gyre_env.agents.serving import ModelService, ModelServiceConfig
+        from gyre_env.proxy.serving import ModelService, ModelServiceConfig
 
         return ModelService(
             ModelServiceConfig(context_length=self.cfg.model.context_length),
