@@ -508,7 +508,7 @@ class Simulation:
                 tuple(self.cap.tolist()),
                 tuple(self.last_switch),
                 tuple((v - self.version).tolist()),
-                {},
+                self._role_memo(),
             )
         roles, switching, capacity, last_switch, lag, memo = self._obs_cells
         return Observation(
@@ -541,6 +541,17 @@ class Simulation:
             in_step=self._in_step(),
             _memo=memo,
         )
+
+    def _role_memo(self) -> dict:
+        """The answers of ``Observation.cells`` / ``switching_to`` for the settled cells
+        and the switches under way, from the role masks (numpy, not a scan per call)."""
+        rollout, sw = self._is_rollout, self._is_switching
+        return {
+            ("cells", Role.ROLLOUT, True): np.flatnonzero(rollout & ~sw).tolist(),
+            ("cells", Role.TRAINING, True): np.flatnonzero(~rollout & ~sw).tolist(),
+            ("to", Role.TRAINING): int((rollout & sw).sum()),
+            ("to", Role.ROLLOUT): int((~rollout & sw).sum()),
+        }
 
     def _in_step(self) -> tuple[bool, ...]:
         if not self.step_cells:
