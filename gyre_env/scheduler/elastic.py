@@ -14,6 +14,11 @@ policy's :class:`~gyre_env.scheduler.policy.Decision`:
   and every serving cell pulls it; a serving cell past the staleness bound is taken out of
   routing until synced (``STALE_WEIGHTS_DETECTED``).
 
+The observation counts a cell's calls up to its capacity as served and the rest (the
+router does not cap a replica) as the queue, with the calls waiting in the router. The
+run ends with its last step: its wall time and the cells' accounting stop there, groups
+finishing later are dropped, and a workload with ``stop()`` is told to end them early.
+
 The same policy objects drive ``gyre simulate`` (one implementation, two drivers). What
 the driver keeps: per-cell seconds by state (busy or idle, and why), the role timeline,
 the switch records, per-sample version lags and the step metrics. Given a ``metrics`` sink
@@ -69,6 +74,8 @@ class Workload(Protocol):
 
     # optional: ``has_signal(group) -> bool``; a group without (all rewards equal, say) is
     # not trained on and counts as discarded (``Observation.groups_discarded``)
+    # optional: ``stop()``: the run has taken its steps; groups still running may end
+    # early (the driver drops them) instead of running to the end for nothing
 
 
 @dataclass(kw_only=True)
@@ -213,6 +220,7 @@ class ElasticDriver:
         self._running = 0
         self._ready: list = []
         self._started = self._trained = self._discarded = 0
+        self._ended = False
         self._step: concurrent.futures.Future | None = None
         self._step_cells: set[int] = set()
         self._switches: dict[int, concurrent.futures.Future] = {}
@@ -254,7 +262,13 @@ class ElasticDriver:
                 self._wake.clear()
             with self._lock:
                 self._pending.clear()  # admitted but not started: not run
-        self._finish()
+                self._ended = True  # groups finishing from now on are dropped
+            # the run ends with its last step: the groups still running (the next batch)
+            # are not waited for in its wall time or its cells' accounting
+            self._finish()
+            stop = getattr(self.workload, "stop", None)
+            if stop is not None:
+                stop()
         return self.result
 
     def _now(self) -> float:
@@ -265,10 +279,15 @@ class ElasticDriver:
         replicas = {r.name: r for r in self.router.replicas}
         roles = tuple(c.role for c in self.cells)
         switching = tuple(c.switching for c in self.cells)
-        in_flight = tuple(
+        capacity = tuple(c.engine.config.max_batch_size for c in self.cells)
+        # the router does not cap a replica at its capacity: the calls a cell holds beyond
+        # its batch wait there for a slot, and count as the queue (as the router's waiting
+        # ones do), not as served
+        routed = tuple(
             replicas[c.name].inflight if c.role is Role.ROLLOUT else 0 for c in self.cells
         )
-        capacity = tuple(c.engine.config.max_batch_size for c in self.cells)
+        in_flight = tuple(min(n, cap) for n, cap in zip(routed, capacity, strict=True))
+        queue = self.router.waiting + sum(routed) - sum(in_flight)
         version = self.core.version
         rollout_cap = sum(
             cap
@@ -285,7 +304,7 @@ class ElasticDriver:
             last_switch=tuple(c.last_switch - self._t0 for c in self.cells),
             version_lag=tuple(version - c.weight_version for c in self.cells),
             trainer_version=version, step_running=self._step is not None,
-            waterlevel=sum(in_flight) + self.router.waiting, queue=self.router.waiting,
+            waterlevel=sum(in_flight) + queue, queue=queue,
             rollout_capacity=rollout_cap, groups_started=self._started,
             groups_pending=pending, groups_running=running, groups_ready=len(ready),
             groups_trained=self._trained, groups_discarded=self._discarded,
@@ -341,6 +360,8 @@ class ElasticDriver:
                 self._running -= 1
         signal = getattr(self.workload, "has_signal", None)
         with self._lock:
+            if self._ended:
+                return  # after the last step: not trained on, not counted
             if signal is None or signal(group):
                 self._ready.append(group)
             else:  # no learning signal: taken off at once, not trained on

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,6 +53,11 @@ class ToolLoopConfig:
     max_tokens: int = 16
     tool_delay_s: float = 0.5
     """Injected wait of each tool call (seconds)."""
+    tool_jitter: float = 0.0
+    """Each tool call waits ``tool_delay_s`` x a factor drawn uniformly from ``1 +- jitter``
+    (mean ``tool_delay_s``), fixed by the session and turn, so every run of the same groups
+    waits the same; 0: every call waits exactly ``tool_delay_s`` (and the agents that start
+    together stay in lockstep)."""
     temperature: float = 1.0
     token_budget: int = 4096
     """Tokens per packed training unit."""
@@ -71,8 +77,26 @@ class ToolLoopWorkload:
 
     def __init__(self, base_url, book: RecordBook, config: ToolLoopConfig | None = None):
         """``base_url(session)``: the proxy's OpenAI base URL for a session."""
+        # imported now, not by the first groups' agents inside the measured run
+        import httpx  # noqa: F401
+
+        from gyre_env.trajectory import tree  # noqa: F401
+
         self.base_url, self.book = base_url, book
         self.config = config or ToolLoopConfig()
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """The run is over: episodes end at their next model or tool call."""
+        self._stop.set()
+
+    def tool_delay(self, session: str, turn: int) -> float:
+        """Seconds the tool call after ``turn`` of ``session`` waits."""
+        cfg = self.config
+        if not cfg.tool_jitter:
+            return cfg.tool_delay_s
+        u = random.Random(f"{session}/{turn}").random()
+        return cfg.tool_delay_s * (1.0 + cfg.tool_jitter * (2.0 * u - 1.0))
 
     def run_group(self, index: int) -> Group:
         from gyre_env.trajectory.tree import EpisodeInfo, build_trees
@@ -80,6 +104,8 @@ class ToolLoopWorkload:
         t0 = time.monotonic()
         sessions = [f"g{index}.e{k}" for k in range(self.config.group_size)]
         asyncio.run(self._episodes(sessions))
+        if self._stop.is_set():  # cut short: not a group to train on
+            return Group(index, [], wall_s=time.monotonic() - t0)
         records, infos, rewards = [], [], []
         for s in sessions:
             recs = self.book.take(s)
@@ -105,12 +131,17 @@ class ToolLoopWorkload:
         messages = [{"role": "user", "content": f"{session}: list the files, then fix the test."}]
         body = {"model": "m", "max_tokens": cfg.max_tokens, "temperature": cfg.temperature}
         for turn in range(cfg.turns):
+            if self._stop.is_set():
+                return
             r = await client.post(
                 self.base_url(session) + "/chat/completions", json={**body, "messages": messages}
             )
             r.raise_for_status()
             text = r.json()["choices"][0]["message"].get("content") or ""
-            await asyncio.sleep(cfg.tool_delay_s)  # the tool call: waiting, not computing
+            # the tool call: waiting, not computing (cut short when the run is over)
+            end = time.monotonic() + self.tool_delay(session, turn)
+            while not self._stop.is_set() and (left := end - time.monotonic()) > 0:
+                await asyncio.sleep(min(left, 0.05))
             messages += [
                 {"role": "assistant", "content": text},
                 {"role": "user", "content": f"tool output {turn}: ok"},

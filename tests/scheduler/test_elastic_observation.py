@@ -13,7 +13,8 @@ from gyre_env.scheduler.policy import Role, SwitchCosts, staleness_admits
 
 def _cell(i: int, role: Role):
     return SimpleNamespace(
-        id=i, name=f"cell{i}", role=role, switching=False, last_switch=0.0, weight_version=0,
+        id=i, name=f"cell{i}", role=role, switching=False, last_switch=0.0, switch_started=0.0,
+        weight_version=0,
         engine=SimpleNamespace(config=SimpleNamespace(max_batch_size=4)), costs=SwitchCosts(),
         trainer=None, board=SimpleNamespace(version=0), on_migration_failed=None,
     )  # fmt: skip
@@ -44,7 +45,9 @@ def _admitted(driver, n: int) -> None:
 
 def _driver(workload):
     cells = [_cell(0, Role.TRAINING), _cell(1, Role.TRAINING), _cell(2, Role.ROLLOUT)]
-    replicas = [SimpleNamespace(name=c.name, inflight=0) for c in cells]
+    replicas = [
+        SimpleNamespace(name=c.name, inflight=0, paused_until=0.0, excluded=None) for c in cells
+    ]
     router = SimpleNamespace(replicas=replicas, waiting=0)
     return ElasticDriver(cells, policy=None, workload=workload, call=None, router=router)
 
@@ -71,3 +74,48 @@ def test_groups_without_signal_are_discarded_and_do_not_count_against_the_bound(
     _admitted(plain, 1)
     plain._group(0)
     assert plain.observe().groups_discarded == 0 and plain.observe().groups_ready == 1
+
+
+def test_calls_a_cell_holds_beyond_its_capacity_are_the_queue_not_served():
+    """The router does not cap a replica at its batch: what a cell holds past it waits for
+    a slot there, and the policy sees it as queue (high water), as the router's own."""
+    driver = _driver(_Groups())
+    driver.router.replicas[2].inflight, driver.router.waiting = 7, 1  # capacity 4
+    obs = driver.observe()
+    assert obs.in_flight == (0, 0, 4) and obs.queue == 3 + 1 and obs.waterlevel == 8
+
+
+def test_groups_finishing_after_the_last_step_are_dropped():
+    """The run ends with its last step: a group still running then is not trained on, not
+    counted, and the workload is told to stop (``stop()``) instead of being waited for."""
+    stopped = []
+    workload = SimpleNamespace(
+        run_group=lambda i: [0.0, 1.0], tokens=lambda g: 1, stop=lambda: stopped.append(1)
+    )
+    driver = _driver(workload)
+    driver.config.steps = 0  # nothing to do: the run ends at once
+    driver.policy = SimpleNamespace(decide=lambda obs: None)
+    result = driver.run()
+    assert stopped == [1] and result.wall_s >= 0.0
+    _admitted(driver, 1)
+    driver._group(0)
+    assert driver.observe().groups_ready == 0 and result.groups_run == 0
+
+
+def test_tool_delays_are_jittered_the_same_way_in_every_run():
+    """``tool_jitter``: each call waits ``tool_delay_s`` x U(1 +- j), fixed by session and
+    turn (every policy's run of a group waits the same); stopped, a group ends at once."""
+    from gyre_env.scheduler.workloads import RecordBook, ToolLoopConfig, ToolLoopWorkload
+
+    def workload(jitter):
+        cfg = ToolLoopConfig(tool_delay_s=1.0, tool_jitter=jitter)
+        return ToolLoopWorkload(lambda s: "http://unused", RecordBook(), cfg)
+
+    a, b = workload(0.5), workload(0.5)
+    delays = [a.tool_delay(f"g{i}.e0", t) for i in range(50) for t in range(3)]
+    assert delays == [b.tool_delay(f"g{i}.e0", t) for i in range(50) for t in range(3)]
+    assert all(0.5 <= d <= 1.5 for d in delays) and len(set(delays)) == len(delays)
+    assert 0.9 < sum(delays) / len(delays) < 1.1
+    assert workload(0.0).tool_delay("g0.e0", 0) == 1.0
+    a.stop()  # no model call is made (the URL is never used)
+    assert a.run_group(0).trees == []
