@@ -8,13 +8,23 @@ this CPU would compete with the cells for the same cores). Prints wall time, cel
 fraction, idle fraction, switches, mean sample staleness, and the ratio of waterlevel's
 throughput to the best peer's.
 
-    python benchmarks/elastic.py [--steps 6] [--tool-delay 1.0] [--groups-per-step 2]
+    python benchmarks/elastic.py [--steps 6] [--tool-delay 1.0] [--tool-jitter 0.5]
+        [--groups-per-step 3] [--group-size 8] [--max-tokens 64] [--slots N]
+
+Every call waits its own tool delay (``--tool-jitter``, mean ``--tool-delay``, the same
+per session and turn under every policy): with one fixed delay the agents that start
+together stay in lockstep, all calling and then all waiting. Wall time runs from the
+start to the last step; the groups still running then are dropped. Each cell's busy and
+idle time is printed with its idle reasons (the driver's, see ``gyre_env.scheduler.elastic``).
+The default size (3 groups of 8 episodes per step, 64 tokens a call) keeps, under the
+staleness bound, enough agents in flight that a rollout cell has calls to serve while
+most agents wait on their tools; smaller, every policy's rollout cells idle in the gaps
+(``agents_in_tools``) whatever the split.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 
 def _policies(args):
@@ -43,7 +53,7 @@ def run_one(name, make_policy, args, model_dir, tokenizer) -> dict:
             book,
             ToolLoopConfig(
                 group_size=args.group_size, turns=args.turns, tool_delay_s=args.tool_delay,
-                max_tokens=args.max_tokens,
+                tool_jitter=args.tool_jitter, max_tokens=args.max_tokens,
             ),
         )  # fmt: skip
         config = ElasticConfig(
@@ -54,9 +64,8 @@ def run_one(name, make_policy, args, model_dir, tokenizer) -> dict:
             pool.cells, policy, workload, call=pool.proxy.call, router=pool.proxy.core.router,
             config=config, clock=book.clock, costs=pool.costs,
         )  # fmt: skip
-        t0 = time.monotonic()
         result = driver.run()
-        wall = time.monotonic() - t0
+    wall = result.wall_s  # start to the last step (the groups still running are dropped)
     lag_tokens = sum(result.staleness.values())
     mean_lag = sum(k * v for k, v in result.staleness.items()) / lag_tokens if lag_tokens else 0.0
     return {
@@ -69,22 +78,46 @@ def run_one(name, make_policy, args, model_dir, tokenizer) -> dict:
         "switch_ms": [round(r.total_s * 1e3, 1) for r in result.switches[:4]],
         "staleness": mean_lag,
         "groups": result.groups_run,
+        "cells": [result.cell_fractions(i) for i in range(2)],
     }
+
+
+def _cell_line(f: dict) -> str:
+    """One cell's share of its time: busy by role, switching, idle and its reasons."""
+    reasons = [
+        f"{k.split('idle:')[-1]} {v:.2f}" for k, v in f.items() if "idle:" in k and v >= 0.005
+    ]
+    return (
+        f"rollout {f.get('rollout_busy', 0):.2f}  training {f.get('training_busy', 0):.2f}  "
+        f"switching {f.get('switching', 0):.2f}  idle {f.get('idle', 0):.2f} "
+        f"({', '.join(reasons) or '-'})"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--groups-per-step", type=int, default=2)
-    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--groups-per-step", type=int, default=3)
+    parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--tool-delay", type=float, default=1.0, help="seconds per tool call")
-    parser.add_argument("--slots", type=int, default=6, help="groups running at once")
+    parser.add_argument(
+        "--tool-jitter", type=float, default=0.5,
+        help="each tool call waits tool-delay x U(1 - j, 1 + j), fixed per session and turn",
+    )  # fmt: skip
+    parser.add_argument(
+        "--slots", type=int, default=None,
+        help="groups running at once (default: all the staleness bound admits, plus the "
+        "groups a grown waterlevel step takes beyond its batch: (staleness + 2) x "
+        "groups-per-step)",
+    )  # fmt: skip
     parser.add_argument("--staleness", type=int, default=2)
     parser.add_argument("--switch-prior", type=float, default=0.1)
     parser.add_argument("--only", nargs="*", help="policy names to run")
     args = parser.parse_args(argv)
+    if args.slots is None:
+        args.slots = (args.staleness + 2) * args.groups_per_step
 
     from gyre_env.engines.tiny import load_tokenizer, tiny_model_path
 
@@ -93,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"2 cells (tiny Qwen2, CPU); {args.steps} steps x {args.groups_per_step} groups of "
         f"{args.group_size} episodes x {args.turns} turns; injected tool delay "
-        f"{args.tool_delay:g}s per call; {args.slots} groups at once"
+        f"{args.tool_delay:g}s per call (x U(1 +- {args.tool_jitter:g})); {args.slots} groups "
+        "at once; wall: start to the last step"
     )
     rows = []
     for name, make in _policies(args).items():
@@ -103,10 +137,12 @@ def main(argv: list[str] | None = None) -> None:
         r = rows[-1]
         print(
             f"{r['policy']:>11}: wall {r['wall_s']:6.1f}s  steps {r['steps']}  busy "
-            f"{r['busy'][0]:.2f}/{r['busy'][1]:.2f}  idle {r['idle']:.2f}  switches "
+            f"{r['busy'][0]:.2f}/{r['busy'][1]:.2f}  idle {r['idle']:.3f}  switches "
             f"{r['switches']} {r['switch_ms']}  staleness {r['staleness']:.2f}  groups {r['groups']}",
             flush=True,
         )
+        for i, f in enumerate(r["cells"]):
+            print(f"{'':>13}cell {i}: {_cell_line(f)}", flush=True)
     by = {r["policy"]: r for r in rows}
     if "waterlevel" in by and len(by) > 1:
         best = min((r for r in rows if r["policy"] != "waterlevel"), key=lambda r: r["wall_s"])
