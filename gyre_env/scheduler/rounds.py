@@ -42,6 +42,8 @@ class EpisodeTable:
         self.cell = np.zeros(rows, np.int64)
         self.fixed = np.full(rows, np.nan)
         """Duration of the next call when fixed (a migrated call's rest), else NaN."""
+        self.n_fixed = 0
+        """Rows whose ``fixed`` is set (a driver that sets one adds it here)."""
         self.score_s = np.zeros(rows)
         self.ep = np.zeros(rows, np.int64)
         """Global episode id (``group * group_size + k``)."""
@@ -73,9 +75,16 @@ class EpisodeTable:
         if self.measured:
             measured = self.call[rows, self.turn[rows]]
             dur = np.where(np.isnan(measured), dur, measured)
+        if not self.n_fixed:
+            return dur
         fixed = self.fixed[rows]
+        set_ = ~np.isnan(fixed)
+        k = int(np.count_nonzero(set_))
+        if not k:
+            return dur
         self.fixed[rows] = np.nan
-        return np.where(np.isnan(fixed), dur, fixed)
+        self.n_fixed -= k
+        return np.where(set_, fixed, dur)
 
     def _alloc(self, turns: int) -> None:
         rows = len(self.phase)
@@ -105,6 +114,8 @@ class EpisodeTable:
         if n:
             self.cur_prompt[row], self.cur_output[row] = self.prompt[row, 0], self.output[row, 0]
         self.turn[row], self.nturns[row], self.ctx[row] = 0, n, 0
+        if self.n_fixed and not np.isnan(self.fixed[row]):
+            self.n_fixed -= 1
         self.minv[row], self.ep[row], self.fixed[row] = version, ep_id, np.nan
         self.score_s[row] = episode.scoring_s
         if n:
@@ -113,23 +124,33 @@ class EpisodeTable:
             self.phase[row], self.t[row] = SCORE, now + episode.setup_s + episode.scoring_s
 
 
-def free_slots(load, cap, serving, need: int, freed_per_cell):
+def free_slots(load, cap, serving, need: int, freed_per_cell=None):
     """Up to ``need`` slots free before the sub-round's releases, least loaded cells first:
-    (cells, the load each one reaches when it takes the slot)."""
-    level = load + freed_per_cell
-    open_ = serving & (level < cap)
-    if not need or not open_.any():
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    (cells, the load each one reaches when it takes the slot). ``freed_per_cell``: slots
+    the sub-round's calls release on each cell (None: none)."""
+    if not need:
+        return _NO_CELLS, _NO_CELLS
+    level = load + freed_per_cell if freed_per_cell is not None else load
+    idx = (serving & (level < cap)).nonzero()[0]  # the open cells, in id order
+    if not len(idx):
+        return _NO_CELLS, _NO_CELLS
+    lv_open, cap_open = level[idx], cap[idx]
+    lv = int(lv_open.min())
+    top = int(cap_open.max())
     cells, levels = [], []
-    lv = int(level[open_].min())
-    top = int(cap[open_].max())
     while need > 0 and lv < top:
-        cs = np.flatnonzero(open_ & (level <= lv) & (lv < cap))[:need]
+        cs = idx[(lv_open <= lv) & (lv < cap_open)][:need]
         cells.append(cs)
         levels.append(np.full(len(cs), lv + 1))
         need -= len(cs)
         lv += 1
+    if len(cells) == 1:
+        return cells[0], levels[0]
     return np.concatenate(cells), np.concatenate(levels)
+
+
+_NO_CELLS = np.zeros(0, np.int64)
+_NO_CELLS.flags.writeable = False
 
 
 def rolling_mean(mean: float, values: np.ndarray) -> float:
@@ -138,8 +159,23 @@ def rolling_mean(mean: float, values: np.ndarray) -> float:
     if not m:
         return mean
     keep = 1.0 - _ALPHA
-    w = _ALPHA * keep ** np.arange(m - 1, -1, -1, dtype=np.float64)
+    w = _weights(m)
     return float(keep**m * mean + w @ values)
+
+
+_W: list = [np.zeros(0)]
+"""``_ALPHA * (1 - _ALPHA) ** k`` for k from ``len - 1`` down to 0 (grown as needed)."""
+
+
+def _weights(m: int) -> np.ndarray:
+    """``_ALPHA * keep ** [m - 1, ..., 0]``, element for element what the direct formula
+    gives, as a fresh array (the dot product then sees the same operands)."""
+    table = _W[0]
+    if m > len(table):
+        size = max(m, 2 * len(table), 1024)
+        keep = 1.0 - _ALPHA
+        table = _W[0] = _ALPHA * keep ** np.arange(size - 1, -1, -1, dtype=np.float64)
+    return table[len(table) - m :].copy()
 
 
 def serving_sweep(t0, t1, load0, serving, cells, times, deltas):

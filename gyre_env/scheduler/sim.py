@@ -84,6 +84,12 @@ class Simulation:
         self._ev: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._load0 = self.load.copy()
         self.tab = EpisodeTable(cfg.workload.max_concurrent_episodes)
+        self._ones = np.ones(cfg.workload.max_concurrent_episodes, np.int64)
+        self._minus_ones = -self._ones
+        """Load deltas of a round's calls starting and ending (views of; never written)."""
+        self._ones.flags.writeable = self._minus_ones.flags.writeable = False
+        self._cap_each = int(self.cap[0]) if n and (self.cap == self.cap[0]).all() else None
+        """Every cell's capacity, when they all have the same (else None)."""
         self.n_calls = self.n_queued = self.served = 0
         self._front = -1e18  # queue keys of migrated calls: before any arrival
         self.pending: deque = deque()  # (group, k)
@@ -174,15 +180,18 @@ class Simulation:
             self._match(t0, None, None)
         while True:
             t1 = min(t1, self._heap[0][0])
-            due = np.flatnonzero(tab.t < t1)
+            due = (tab.t < t1).nonzero()[0]
             if not len(due):
                 break
-            cut = self._group_cut(due, t1)
-            if cut < t1:  # a group ends inside: the round stops there, for its decision
-                due, t1 = due[tab.t[due] <= cut], cut
-            self.events += len(due)
             phase = tab.phase[due]
-            freed = self._complete(due[phase == CALL])
+            calls = due[phase == CALL]
+            cut = self._group_cut(calls, t1)
+            if cut < t1:  # a group ends inside: the round stops there, for its decision
+                keep = tab.t[due] <= cut
+                due, phase, t1 = due[keep], phase[keep], cut
+                calls = due[phase == CALL]
+            self.events += len(due)
+            freed = self._complete(calls)
             arrive = due[phase == WAIT]
             if len(arrive):
                 tab.phase[arrive] = QUEUED
@@ -190,7 +199,9 @@ class Simulation:
                 tab.t[arrive] = np.inf
                 self.n_queued += len(arrive)
             ending = due[phase == SCORE]
-            for row in ending[np.argsort(tab.t[ending], kind="stable")].tolist():
+            if len(ending) > 1:
+                ending = ending[np.argsort(tab.t[ending], kind="stable")]
+            for row in ending.tolist():
                 self._episode_end(row)
             if self.n_queued:
                 self._match(t0, *freed)
@@ -198,11 +209,10 @@ class Simulation:
         self.t = t1
         self._after_round()
 
-    def _group_cut(self, due: np.ndarray, t1: float) -> float:
-        """When the first group that the calls ending among ``due`` complete is done, if
+    def _group_cut(self, calls: np.ndarray, t1: float) -> float:
+        """When the first group that the ending ``calls`` (rows) complete is done, if
         before ``t1`` (else ``t1``)."""
         tab = self.tab
-        calls = due[tab.phase[due] == CALL]
         last = calls[tab.turn[calls] + 1 >= tab.nturns[calls]]
         if not len(last):
             return t1
@@ -234,17 +244,18 @@ class Simulation:
             for row in last.tolist():
                 self._scored(row)
         self.n_calls -= len(rows)
-        self._ev.append((cells, tc, np.full(len(rows), -1, np.int64)))
+        self._ev.append((cells, tc, self._minus_ones[: len(rows)]))
         return cells, tc
 
     def _match(self, t0: float, freed_cells, freed_t) -> None:
         """Queued requests take free slots first in, first out (see the rounds module)."""
+        if freed_cells is None and self.n_calls >= self._cap_r:
+            return  # every serving slot is taken (the loads of serving cells sum to n_calls)
         tab, n = self.tab, len(self.load)
-        q = np.flatnonzero(tab.phase == QUEUED)
-        q = q[np.argsort(tab.arr[q], kind="stable")]
-        per_cell = (
-            np.bincount(freed_cells, minlength=n) if freed_cells is not None else np.zeros(n, int)
-        )
+        q = (tab.phase == QUEUED).nonzero()[0]
+        if len(q) > 1:
+            q = q[np.argsort(tab.arr[q], kind="stable")]
+        per_cell = np.bincount(freed_cells, minlength=n) if freed_cells is not None else None
         pc, plv = free_slots(self.load, self.cap, self._serving, len(q), per_cell)
         if freed_cells is not None:
             o = np.argsort(freed_t, kind="stable")
@@ -268,7 +279,7 @@ class Simulation:
         self.n_calls += m
         self.served += m
         self.call_s_mean = rolling_mean(self.call_s_mean, dur)
-        self._ev.append((cells, start, np.ones(m, np.int64)))
+        self._ev.append((cells, start, self._ones[:m]))
 
     def _accrue(self, t0: float, t1: float) -> None:
         dt = t1 - t0
@@ -278,7 +289,7 @@ class Simulation:
         else:
             cells = times = deltas = np.zeros(0)
         slot_s, serve_s = serving_sweep(
-            t0, t1, self._load0, self._serving, cells.astype(np.int64), times, deltas
+            t0, t1, self._load0, self._serving, cells.astype(np.int64, copy=False), times, deltas
         )
         self._load0 = self.load.copy()
         self._slot_s += slot_s
@@ -430,7 +441,7 @@ class Simulation:
         """Move ``cell``'s in-flight calls to the front of the queue: the rest of each call
         plus its KV transfer, or a re-prefill of its context past the migration window."""
         c, tab = self.cfg.cells, self.tab
-        rows = np.flatnonzero((tab.phase == CALL) & (tab.cell == cell))
+        rows = ((tab.phase == CALL) & (tab.cell == cell)).nonzero()[0]
         if len(rows):
             ctx = tab.ctx[rows] + tab.cur_prompt[rows]
             delay = ctx * c.kv_bytes_per_token / (c.link_gb_per_s * 1e9)
@@ -439,6 +450,7 @@ class Simulation:
             self.stats["rdma"] += int(failed.sum())
             self.stats["migrations"] += len(rows)
             tab.fixed[rows] = np.maximum(tab.t[rows] - self.t, 0.0) + delay
+            tab.n_fixed += len(rows)
             self._front -= len(rows) + 1
             tab.arr[rows] = self._front + np.arange(len(rows))
             tab.phase[rows], tab.t[rows] = QUEUED, np.inf
@@ -467,10 +479,11 @@ class Simulation:
         """Per-role counts and the serving mask, after a role or switch change."""
         rollout, sw = self._is_rollout, self._is_switching
         self._serving = rollout & ~sw
-        self._n_serving = int(self._serving.sum())
-        self._cap_r = int(self.cap[self._serving].sum())
-        self._n_switching = int(sw.sum())
-        self._n_training = int((~rollout & ~sw).sum())
+        self._n_serving = int(np.count_nonzero(self._serving))
+        each = self._cap_each
+        self._cap_r = each * self._n_serving if each is not None else int(self.cap[self._serving].sum())
+        self._n_switching = int(np.count_nonzero(sw))
+        self._n_training = len(sw) - self._n_serving - self._n_switching
         self._obs_cells = None
 
     def _label(self, cell: int) -> str:
@@ -547,8 +560,8 @@ class Simulation:
         and the switches under way, from the role masks (numpy, not a scan per call)."""
         rollout, sw = self._is_rollout, self._is_switching
         return {
-            ("cells", Role.ROLLOUT, True): np.flatnonzero(rollout & ~sw).tolist(),
-            ("cells", Role.TRAINING, True): np.flatnonzero(~rollout & ~sw).tolist(),
+            ("cells", Role.ROLLOUT, True): (rollout & ~sw).nonzero()[0].tolist(),
+            ("cells", Role.TRAINING, True): (~rollout & ~sw).nonzero()[0].tolist(),
             ("to", Role.TRAINING): int((rollout & sw).sum()),
             ("to", Role.ROLLOUT): int((~rollout & sw).sum()),
         }
