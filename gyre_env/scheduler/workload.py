@@ -90,15 +90,26 @@ class FittedWorkload:
         output = np.maximum(draw(cfg.output_tokens, rng, len(prompt)).round(), 1).astype(np.int64)
         tool = draw(cfg.tool_s, rng, len(prompt))
         setup, scoring = draw(cfg.setup_s, rng, size), draw(cfg.scoring_s, rng, size)
+        # each episode's turns up to the context limit: its context after each turn is
+        # the running sum from its first turn; non-negative tokens make it non-decreasing,
+        # so the turns that fit are those whose context is within the limit
+        turn_tokens = prompt + output
+        if turn_tokens.min() >= 0:
+            total = np.cumsum(turn_tokens)
+            context = total - np.repeat(total[bounds[:-1]] - turn_tokens[bounds[:-1]], n)
+            fits = np.add.reduceat((context <= cfg.max_context_tokens).astype(np.int64), bounds[:-1])
+        else:
+            fits = [
+                np.searchsorted(np.cumsum(turn_tokens[a:b]), cfg.max_context_tokens, "right")
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            ]
+        starts, setup, scoring = bounds[:-1].tolist(), setup.tolist(), scoring.tolist()
         out = []
-        for k in range(size):
-            a, b = bounds[k], bounds[k + 1]
-            context = np.cumsum(prompt[a:b] + output[a:b])
-            m = max(1, int(np.searchsorted(context, cfg.max_context_tokens, side="right")))
+        for k, (a, m) in enumerate(zip(starts, np.maximum(1, fits).tolist(), strict=True)):
             out.append(
                 Episode(
-                    setup_s=float(setup[k]),
-                    scoring_s=float(scoring[k]),
+                    setup_s=setup[k],
+                    scoring_s=scoring[k],
                     prompt_new=prompt[a : a + m],
                     output=output[a : a + m],
                     tool_s=tool[a : a + m],
