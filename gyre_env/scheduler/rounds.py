@@ -124,22 +124,25 @@ class EpisodeTable:
             self.phase[row], self.t[row] = SCORE, now + episode.setup_s + episode.scoring_s
 
 
-def free_slots(load, cap, serving, need: int, freed_per_cell=None):
+def free_slots(load, cap, serving, need: int, freed_per_cell=None, cap_each=None):
     """Up to ``need`` slots free before the sub-round's releases, least loaded cells first:
     (cells, the load each one reaches when it takes the slot). ``freed_per_cell``: slots
-    the sub-round's calls release on each cell (None: none)."""
+    the sub-round's calls release on each cell (None: none); ``cap_each``: every cell's
+    capacity when they are all the same (None: read ``cap``)."""
     if not need:
         return _NO_CELLS, _NO_CELLS
     level = load + freed_per_cell if freed_per_cell is not None else load
     idx = (serving & (level < cap)).nonzero()[0]  # the open cells, in id order
     if not len(idx):
         return _NO_CELLS, _NO_CELLS
-    lv_open, cap_open = level[idx], cap[idx]
+    lv_open = level[idx]
     lv = int(lv_open.min())
-    top = int(cap_open.max())
+    cap_open = cap[idx] if cap_each is None else None
+    top = int(cap_open.max()) if cap_each is None else cap_each
     cells, levels = [], []
     while need > 0 and lv < top:
-        cs = idx[(lv_open <= lv) & (lv < cap_open)][:need]
+        fit = lv_open <= lv if cap_each is not None else (lv_open <= lv) & (lv < cap_open)
+        cs = idx[fit][:need]
         cells.append(cs)
         levels.append(np.full(len(cs), lv + 1))
         need -= len(cs)
@@ -182,13 +185,12 @@ def serving_sweep(t0, t1, load0, serving, cells, times, deltas):
     """Exact slot-seconds and serving cell-seconds over ``[t0, t1)`` of the ``serving``
     cells, from their loads at ``t0`` and the round's load changes (cell, time, delta)."""
     dt = t1 - t0
-    touched = np.zeros(len(load0), bool)
+    rest = np.where(serving, load0, 0)  # loads of the serving cells no event touches
     slot_s = serve_s = 0.0
     if len(cells):
         # one sort by cell, then time: the time as a fraction of the round below each id
         o = np.argsort(cells + (times - t0) / (2.0 * dt if dt > 0 else 1.0), kind="stable")
         c, t, d = cells[o], times[o], deltas[o]
-        touched[c] = True
         first = np.empty(len(c), bool)
         first[0] = True
         np.not_equal(c[1:], c[:-1], out=first[1:])
@@ -205,10 +207,11 @@ def serving_sweep(t0, t1, load0, serving, cells, times, deltas):
         slot_s += float(after @ seg)
         serve_s += float(seg[after > 0].sum())
         before = t[first] - t0
-        l0 = load0[c[first]]
+        cf = c[first]
+        rest[cf] = 0
+        l0 = load0[cf]
         slot_s += float(l0 @ before)
         serve_s += float(before[l0 > 0].sum())
-    rest = serving & ~touched
-    slot_s += float(load0[rest].sum()) * dt
-    serve_s += float(np.count_nonzero(load0[rest])) * dt
+    slot_s += float(rest.sum()) * dt
+    serve_s += float(np.count_nonzero(rest)) * dt
     return slot_s, serve_s

@@ -107,6 +107,9 @@ class Simulation:
         self.groups_trained = self.groups_discarded = 0
         self.trainer_version = 0
         self.step_cells: list[int] = []
+        self._step_set: frozenset = frozenset()
+        """``step_cells`` as a set, and the observation's ``in_step`` (None: to build)."""
+        self._in_step_flags: tuple | None = None
         self.step_groups: list = []
         self.switch_costs = SwitchCosts(
             to_training_s=c.switch_to_training_s, to_rollout_s=c.switch_to_rollout_s
@@ -117,6 +120,11 @@ class Simulation:
         self.staleness: dict[int, int] = {}
         self.step_end_times: list[float] = []
         self._obs_cells: tuple | None = None
+        """The observation's roles, switching, last switches and role memo (None: to build
+        again, after a role or switch change)."""
+        self._obs_lag: tuple | None = None
+        """The observation's version lags (None: to build again, after a version change)."""
+        self._obs_cap = tuple(self.cap.tolist())
         self._is_rollout = np.array([r is Role.ROLLOUT for r in self.role], bool)
         self._is_switching = np.zeros(n, bool)
         self._refresh()
@@ -185,13 +193,15 @@ class Simulation:
                 break
             phase = tab.phase[due]
             calls = due[phase == CALL]
-            cut = self._group_cut(calls, t1)
+            last = calls[tab.turn[calls] + 1 >= tab.nturns[calls]]  # their episodes' last
+            cut = self._group_cut(last, t1)
             if cut < t1:  # a group ends inside: the round stops there, for its decision
                 keep = tab.t[due] <= cut
                 due, phase, t1 = due[keep], phase[keep], cut
                 calls = due[phase == CALL]
+                last = last[tab.t[last] <= cut]
             self.events += len(due)
-            freed = self._complete(calls)
+            freed = self._complete(calls, last)
             arrive = due[phase == WAIT]
             if len(arrive):
                 tab.phase[arrive] = QUEUED
@@ -209,11 +219,10 @@ class Simulation:
         self.t = t1
         self._after_round()
 
-    def _group_cut(self, calls: np.ndarray, t1: float) -> float:
-        """When the first group that the ending ``calls`` (rows) complete is done, if
-        before ``t1`` (else ``t1``)."""
+    def _group_cut(self, last: np.ndarray, t1: float) -> float:
+        """When the first group that the ending last calls of episodes (rows ``last``)
+        complete is done, if before ``t1`` (else ``t1``)."""
         tab = self.tab
-        last = calls[tab.turn[calls] + 1 >= tab.nturns[calls]]
         if not len(last):
             return t1
         turn = tab.turn[last]
@@ -227,8 +236,9 @@ class Simulation:
     def _after_round(self) -> None:
         """Hook for checks after each round (tests)."""
 
-    def _complete(self, rows: np.ndarray):
-        """Calls of ``rows`` end: the cells' slots free, each episode to its tool or scoring."""
+    def _complete(self, rows: np.ndarray, last: np.ndarray):
+        """Calls of ``rows`` end (``last``: those among them that are their episode's last):
+        the cells' slots free, each episode to its tool or scoring."""
         if not len(rows):
             return None, None
         tab = self.tab
@@ -237,7 +247,6 @@ class Simulation:
         tab.t[rows] = tc + tab.tool[rows, turn]
         tab.advance(rows, turn)
         tab.phase[rows] = WAIT
-        last = rows[turn + 1 >= tab.nturns[rows]]
         if len(last):
             tab.phase[last] = SCORE
             tab.t[last] += tab.score_s[last]
@@ -256,7 +265,7 @@ class Simulation:
         if len(q) > 1:
             q = q[np.argsort(tab.arr[q], kind="stable")]
         per_cell = np.bincount(freed_cells, minlength=n) if freed_cells is not None else None
-        pc, plv = free_slots(self.load, self.cap, self._serving, len(q), per_cell)
+        pc, plv = free_slots(self.load, self.cap, self._serving, len(q), per_cell, self._cap_each)
         if freed_cells is not None:
             o = np.argsort(freed_t, kind="stable")
             cells = np.concatenate((pc, freed_cells[o]))
@@ -397,6 +406,7 @@ class Simulation:
         c = self.cfg.cells
         rate = c.train_tokens_per_s * len(cells) * (c.dp_efficiency if len(cells) > 1 else 1.0)
         self.step_cells, self.step_groups = cells, taken
+        self._step_set, self._in_step_flags = frozenset(cells), None
         for i in cells:
             self._gantt_mark(i, "training")
         self._at(self.t + tokens / rate + c.step_overhead_s, _STEP_COMPUTED)
@@ -411,11 +421,12 @@ class Simulation:
         self.trained_samples += sum(n for _, _, n in self.step_groups)
         self.trained_tokens += sum(tok for tok, _, _ in self.step_groups)
         cells, self.step_cells, self.step_groups = self.step_cells, [], []
+        self._step_set, self._in_step_flags = frozenset(), None
         self.version[self._serving] = self.trainer_version
         for i in cells:
             self.version[i] = self.trainer_version
             self._gantt_mark(i, self._label(i))
-        self._obs_cells = None
+        self._obs_lag = None
         self.step_end_times.append(self.t)
         self._decide()
 
@@ -423,7 +434,7 @@ class Simulation:
 
     # ---- switching ------------------------------------------------------------------------
     def _switch(self, cell: int, to: Role) -> None:
-        if self.switching[cell] or self.role[cell] is to or cell in self.step_cells:
+        if self.switching[cell] or self.role[cell] is to or cell in self._step_set:
             return
         c = self.cfg.cells
         self.switching[cell] = self._is_switching[cell] = True
@@ -468,6 +479,7 @@ class Simulation:
         self.switching[cell] = self._is_switching[cell] = False
         self.last_switch[cell] = self.t
         self.version[cell] = self.trainer_version
+        self._obs_lag = None
         self._refresh()
         self._gantt_mark(cell, self._label(cell))
         if to is Role.ROLLOUT and self.n_queued:
@@ -491,7 +503,7 @@ class Simulation:
             return "switching"
         if self.role[cell] is Role.ROLLOUT:
             return "rollout"
-        return "training" if cell in self.step_cells else "training idle"
+        return "training" if cell in self._step_set else "training idle"
 
     def _gantt_mark(self, cell: int, label: str) -> None:
         open_label, t0 = self._gantt_open[cell]
@@ -518,12 +530,13 @@ class Simulation:
             self._obs_cells = (
                 tuple(self.role),
                 tuple(self.switching),
-                tuple(self.cap.tolist()),
                 tuple(self.last_switch),
-                tuple((v - self.version).tolist()),
                 self._role_memo(),
             )
-        roles, switching, capacity, last_switch, lag, memo = self._obs_cells
+        if self._obs_lag is None:
+            self._obs_lag = tuple((v - self.version).tolist())
+        roles, switching, last_switch, memo = self._obs_cells
+        capacity, lag = self._obs_cap, self._obs_lag
         return Observation(
             time=self.t,
             roles=roles,
@@ -569,10 +582,12 @@ class Simulation:
     def _in_step(self) -> tuple[bool, ...]:
         if not self.step_cells:
             return ()
-        flags = [False] * len(self.role)
-        for i in self.step_cells:
-            flags[i] = True
-        return tuple(flags)
+        if self._in_step_flags is None:
+            flags = [False] * len(self.role)
+            for i in self.step_cells:
+                flags[i] = True
+            self._in_step_flags = tuple(flags)
+        return self._in_step_flags
 
     # ---- the end ---------------------------------------------------------------------------------
     def _result(self, end: float, wall_s: float) -> SimResult:
