@@ -266,7 +266,7 @@ class Simulation:
             q = q[np.argsort(tab.arr[q], kind="stable")]
         per_cell = np.bincount(freed_cells, minlength=n) if freed_cells is not None else None
         pc, plv = free_slots(self.load, self.cap, self._serving, len(q), per_cell, self._cap_each)
-        if freed_cells is not None:
+        if freed_cells is not None and len(pc) < len(q):  # (else the slots free at t0 do)
             o = np.argsort(freed_t, kind="stable")
             cells = np.concatenate((pc, freed_cells[o]))
             slot_t = np.concatenate((np.full(len(pc), t0), freed_t[o]))
