@@ -426,13 +426,9 @@ class ElasticDriver:
 
     def _count_lag(self, units: list) -> dict[int, int]:
         """Loss tokens by version lag of this step's units (also added to the run's)."""
-        import numpy as np
+        from gyre_env.trajectory.packing import loss_token_lags
 
-        lags: dict[int, int] = {}
-        for u in units:
-            lag = self.core.version - u.weight_versions[u.loss_mask]
-            for value, count in zip(*np.unique(lag, return_counts=True), strict=True):
-                lags[int(value)] = lags.get(int(value), 0) + int(count)
+        lags = loss_token_lags(units, self.core.version)
         for value, count in lags.items():
             self.result.staleness[value] = self.result.staleness.get(value, 0) + count
         return lags

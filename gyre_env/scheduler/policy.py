@@ -192,14 +192,15 @@ class Policy(Protocol):
     def decide(self, obs: Observation) -> Decision: ...
 
 
-def staleness_admits(obs: Observation, eta: int) -> int:
+def staleness_admits(obs: Observation, eta: int, extra: int = 0) -> int:
     """Groups the AReaL-style bound admits now: the groups started, less those filtered out
     as carrying no learning signal (``groups_discarded``), may not exceed ``(trainer_version + eta + 1)
     * groups_per_step`` (rollouts more than ``eta`` versions ahead of the trainer are held
     back). Counting the discarded ones would shrink the work in flight by them at every
-    step until no batch can fill."""
+    step until no batch can fill. ``extra``: groups admitted beyond that count (the
+    waterlevel policy's grown steps)."""
     limit = (obs.trainer_version + eta + 1) * obs.groups_per_step + obs.groups_discarded
-    return max(0, limit - obs.groups_started)
+    return max(0, limit + extra - obs.groups_started)
 
 
 @dataclass(kw_only=True)
@@ -296,8 +297,7 @@ class WaterlevelPolicy:
         step advances one version for more, and without them back every grown step would
         shrink the work in flight for good (a new group still has fewer than
         ``bound + 1`` batches ahead of it: each step takes at least one)."""
-        per_version = (obs.trainer_version + obs.staleness_bound + 1) * obs.groups_per_step
-        return max(0, per_version + obs.groups_discarded + self._grown - obs.groups_started)
+        return staleness_admits(obs, obs.staleness_bound, extra=self._grown)
 
     def cell_rate(self, obs: Observation) -> float:
         """Tokens per second one training cell gets through a step, overheads included, as
@@ -342,7 +342,7 @@ class WaterlevelPolicy:
           known yet;
         - else the cells that finish the batch by the time the next one is due."""
         worth = self._worth(obs)
-        work = self._group_tokens * obs.groups_per_step / self.cell_rate(obs)  # cell-s
+        work = self._batch_work(obs)
         spare = max(1, obs.n_cells - self.min_rollout_cells)
         rate = self.group_rate(obs)
         c_e = max(obs.capacity, default=1) or 1
@@ -353,15 +353,19 @@ class WaterlevelPolicy:
             wanted = math.ceil(work * rate / obs.groups_per_step)
         return max(1, min(spare, max(min(worth, wanted), idle_now)))
 
+    def _batch_work(self, obs: Observation) -> float:
+        """Cell-seconds of a one-batch step (the last ready groups' size when none is
+        ready)."""
+        if obs.groups_ready:
+            self._group_tokens = obs.ready_tokens / obs.groups_ready
+        return self._group_tokens * obs.groups_per_step / self.cell_rate(obs)
+
     def _worth(self, obs: Observation) -> int:
         """The most cells a step of one batch is worth switching for: the n-th saves
         ``W / (n (n - 1))`` seconds of a step of ``W`` cell-seconds, which must beat
         ``gain_margin`` x the switch round trip (the last ready groups' size when none is
         ready)."""
-        if obs.groups_ready:
-            self._group_tokens = obs.ready_tokens / obs.groups_ready
-        work = self._group_tokens * obs.groups_per_step / self.cell_rate(obs)  # cell-s
-        x = work / max(self.gain_margin * obs.switch_costs.round_trip_s, 1e-9)
+        x = self._batch_work(obs) / max(self.gain_margin * obs.switch_costs.round_trip_s, 1e-9)
         return int((1.0 + math.sqrt(1.0 + 4.0 * x)) / 2.0)  # largest n: n (n - 1) <= x
 
     # ---- the switches -------------------------------------------------------------------------

@@ -536,10 +536,10 @@ def rl_minibatches(trees, cfg: TrainConfig, rng) -> tuple[list[list], int]:
 
 
 def _count_lag(hist: dict[str, int], batch, version: int) -> None:
-    for u in batch.units:
-        lag = version - u.weight_versions[u.loss_mask]
-        for value, count in zip(*np.unique(lag, return_counts=True), strict=True):
-            hist[str(int(value))] = hist.get(str(int(value)), 0) + int(count)
+    from gyre_env.trajectory.packing import loss_token_lags
+
+    for lag, count in loss_token_lags(batch.units, version).items():
+        hist[str(lag)] = hist.get(str(lag), 0) + count
 
 
 def prepare_model(cfg: TrainConfig) -> Path:

@@ -254,3 +254,14 @@ def _flat_entries(unit: TrainingUnit) -> list[_Entry]:
                 entries.append(_Entry(part, node_id, parent, loss))
                 parent = len(entries) - 1
     return entries
+
+
+def loss_token_lags(units, version: int) -> dict[int, int]:
+    """Loss tokens of packed ``units`` by weight-version lag behind ``version`` (the
+    staleness histogram both training drivers report)."""
+    lags: dict[int, int] = {}
+    for u in units:
+        lag = version - u.weight_versions[u.loss_mask]
+        for value, count in zip(*np.unique(lag, return_counts=True), strict=True):
+            lags[int(value)] = lags.get(int(value), 0) + int(count)
+    return lags

@@ -18,6 +18,7 @@ loop never waits on a disk write.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import queue
@@ -319,13 +320,12 @@ class RecordWriter:
 
 
 def _settle(fut: Future, error: BaseException | None) -> None:
-    try:
+    # InvalidStateError: the waiter cancelled; the record is written all the same
+    with contextlib.suppress(InvalidStateError):
         if error is None:
             fut.set_result(None)
         else:
             fut.set_exception(error)
-    except InvalidStateError:  # the waiter cancelled: the record is written all the same
-        pass
 
 
 def submit_record(sink: RecordSink, record: CallRecord) -> Future:
@@ -348,12 +348,8 @@ async def record_written(fut: Future) -> None:
     """Wait, without blocking the event loop, until a submitted record is written. A
     failed write was logged where it failed and must not fail the model call; a cancelled
     waiter leaves the write to finish on its own."""
-    try:
+    with contextlib.suppress(Exception):  # a cancellation is not an Exception: it propagates
         await asyncio.shield(asyncio.wrap_future(fut))
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        pass
 
 
 __all__ = [
