@@ -223,6 +223,8 @@ class ElasticDriver:
         self._ended = False
         self._step: concurrent.futures.Future | None = None
         self._step_cells: set[int] = set()
+        self._step_ended: float | None = None
+        """When the running step's training was done (seconds since the start)."""
         self._switches: dict[int, concurrent.futures.Future] = {}
         self._train_tokens_per_s = self.config.train_tokens_per_s_prior
         self._t0 = time.monotonic()
@@ -338,6 +340,7 @@ class ElasticDriver:
             if training and take:
                 self._step_cells = {c.id for c in training}
                 self._step = self._start_step(training, take)
+                self._last = self._account(self._last)  # the step's cells train from now
 
     # ---- agents -----------------------------------------------------------------------
     def _admit(self) -> None:
@@ -393,7 +396,9 @@ class ElasticDriver:
 
         def run() -> None:
             try:
-                future.set_result(self._train(training, groups))
+                metrics = self._train(training, groups)
+                self._step_ended = self._now()
+                future.set_result(metrics)
             except BaseException as e:  # noqa: BLE001 - re-raised by _reap
                 future.set_exception(e)
             self._wake.set()
@@ -443,7 +448,14 @@ class ElasticDriver:
                 self._log("switch", switch_values(record, self._t0))
         if self._step is not None and self._step.done():
             step, self._step = self._step, None
+            # the step's edge on its own clock: a step begun and done between two ticks
+            # still counts as training (the cells' time up to its end), idle after it
+            ended, self._step_ended = self._step_ended, None
+            if ended is not None:
+                self._last = self._account(self._last, until=ended)
             self._step_cells = set()
+            if ended is not None:
+                self._last = self._account(self._last, until=ended)
             metrics = step.result()
             self._trained += metrics["groups"]
             self.result.steps.append(metrics)
@@ -480,12 +492,13 @@ class ElasticDriver:
             "training/idle:step_elsewhere" if self._step is not None else "training/idle:no_batch"
         )
 
-    def _account(self, last: float) -> float:
-        """Attribute the time since the last tick (``last``) to each cell's states. A
-        switch's edges are the cell's own clock (a tick can come late: an engine's
-        ``gc.collect`` holds the GIL), so a switch begun and finished between two ticks
-        still shows, at its true times."""
-        now = self._now()
+    def _account(self, last: float, until: float | None = None) -> float:
+        """Attribute the time since the last tick (``last``) up to now (or ``until``) to
+        each cell's states. A switch's edges are the cell's own clock (a tick can come
+        late: an engine's ``gc.collect`` holds the GIL), so a switch begun and finished
+        between two ticks still shows, at its true times; a step's end comes the same way
+        (``_reap``)."""
+        now = self._now() if until is None else max(until, last)
         replicas = {r.name: r for r in self.router.replicas}
         for c in self.cells:
             state = self._state(c)
