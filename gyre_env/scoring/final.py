@@ -13,16 +13,26 @@ that control run works, the failure came from the workspace: ``status="workspace
 scored like any other result (a policy must not escape a low score by crashing the
 grader). If the control fails too, or no evaluator could be started (missing image, no
 daemon), ``status="infra_error"`` and the score is not valid.
+
+``GradingConfig.memoize`` reuses the result of a byte-identical workspace of the same task
+(keyed by a digest of every file's path, mode and bytes): a sharp policy's G attempts at
+one task often write the same files, and for deterministic hidden tests regrading them can
+only repeat the result. Identical workspaces graded at the same time share one evaluator
+run; only valid results are kept (an ``infra_error`` is always retried).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +63,10 @@ class GradingConfig:
     pytest_plugins: list[str] | None = None
     """Plugin modules pytest loads in the evaluator; None: every ``pytest11`` entry point
     of the image's own Python (never the workspace's). ``[]`` loads none (fastest)."""
+    memoize: bool = False
+    """Reuse the result of an earlier grading of a byte-identical workspace of the same
+    task in this process (see the module docstring). Only for tasks whose hidden tests
+    are deterministic (the ``nano`` tier's are); off by default."""
 
 
 @dataclass(kw_only=True)
@@ -83,6 +97,8 @@ class GradingResult:
     privilege_drop: bool = False
     duration_s: float = 0.0
     control: GradingResult | None = None
+    reused: bool = False
+    """The result of an earlier run on a byte-identical workspace (``memoize``)."""
 
     @property
     def passed(self) -> int:
@@ -122,6 +138,12 @@ def grade_workspace(
 ) -> GradingResult:
     """Grade a host folder (None: an empty workspace), with blame assignment."""
     config = config or GradingConfig()
+    if config.memoize:
+        return _MEMO.grade(task, workspace, config)
+    return _grade_blamed(task, workspace, config)
+
+
+def _grade_blamed(task: Task, workspace: str | Path | None, config: GradingConfig) -> GradingResult:
     result = _grade_once(task, workspace, config)
     if result.status != "suspect":
         return result
@@ -162,6 +184,78 @@ def grade_sandbox(task: Task, sandbox, config: GradingConfig | None = None) -> G
                 reason=f"the agent's workspace {why}: {e}",
             )
         return grade_workspace(task, tmp, config)
+
+
+def workspace_digest(workspace: str | Path | None) -> str:
+    """A digest of a folder's tree: every entry's relative path, kind, mode and bytes
+    (links by their target), in a fixed order. ``None`` (an empty workspace) has its own."""
+    h = hashlib.blake2b(digest_size=20)
+    if workspace is None:
+        return "empty"
+    root = Path(workspace)
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        rel = Path(dirpath).relative_to(root).as_posix()
+        h.update(b"D\0" + rel.encode() + b"\0")
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            st = path.lstat()
+            h.update(f"F\0{rel}/{name}\0{st.st_mode:o}\0".encode())
+            if path.is_symlink():
+                h.update(os.readlink(path).encode())
+            else:
+                h.update(str(st.st_size).encode() + b"\0")
+                with open(path, "rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 20), b""):
+                        h.update(chunk)
+    return h.hexdigest()
+
+
+class _Memo:
+    """Results by (task, grading config, workspace digest); one run per key at a time."""
+
+    def __init__(self, capacity: int = 50_000):
+        self.capacity = capacity
+        self._done: OrderedDict[tuple, GradingResult] = OrderedDict()
+        self._running: dict[tuple, threading.Event] = {}
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def grade(self, task: Task, workspace, config: GradingConfig) -> GradingResult:
+        settings = dataclasses.asdict(dataclasses.replace(config, memoize=False))
+        key = (task.id, str(task.source), json.dumps(settings, sort_keys=True, default=str),
+               workspace_digest(workspace))
+        while True:
+            with self._lock:
+                if key in self._done:
+                    self._done.move_to_end(key)
+                    self.hits += 1
+                    return dataclasses.replace(self._done[key], duration_s=0.0, reused=True)
+                running = self._running.get(key)
+                if running is None:
+                    self._running[key] = threading.Event()
+                    self.misses += 1
+                    break
+            running.wait()  # the same files are being graded: wait for that result
+        try:
+            result = _grade_blamed(task, workspace, config)
+            if result.valid:
+                with self._lock:
+                    self._done[key] = result
+                    while len(self._done) > self.capacity:
+                        self._done.popitem(last=False)
+            return result
+        finally:
+            with self._lock:
+                self._running.pop(key).set()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._done.clear()
+            self.hits = self.misses = 0
+
+
+_MEMO = _Memo()
 
 
 def _copy_out(sandbox, dest: str) -> None:

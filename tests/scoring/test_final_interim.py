@@ -119,3 +119,48 @@ version = "0.1"
 packages = ["calc"]
 package-dir = {"calc" = "code/calc_impl"}
 """
+
+
+def test_memoize_reuses_identical_workspaces_only(calc_task, tmp_path, monkeypatch):
+    """``memoize``: a byte-identical workspace of the same task is graded once (also when
+    graded concurrently); any changed byte, file name or mode grades again; an
+    infra_error is never kept."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from calc_task import PARTIAL
+
+    from gyre_env.scoring import final
+
+    monkeypatch.setattr(final, "_MEMO", final._Memo())
+    runs = []
+    real = final._grade_once
+
+    def counted(task, ws, config):
+        runs.append(ws)
+        return real(task, ws, config)
+
+    monkeypatch.setattr(final, "_grade_once", counted)
+    memo = dataclasses.replace(LOCAL, memoize=True)
+    copies = [write_tree(tmp_path / f"ws{i}", {"calc.py": PARTIAL}) for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda ws: grade_workspace(calc_task, ws, memo), copies))
+    assert len(runs) == 1
+    assert {(r.status, r.score) for r in results} == {("ok", 0.25)}
+    assert sum(r.reused for r in results) == 3
+    assert final._MEMO.hits == 3 and final._MEMO.misses == 1
+
+    gold = write_tree(tmp_path / "gold", {"calc.py": GOLD})
+    assert grade_workspace(calc_task, gold, memo).score == 1.0  # other bytes: graded
+    renamed = write_tree(tmp_path / "renamed", {"calc2.py": PARTIAL})
+    assert grade_workspace(calc_task, renamed, memo).score == 0.0  # other name: graded
+    (copies[0] / "calc.py").chmod(0o600)
+    assert grade_workspace(calc_task, copies[0], memo).reused is False  # other mode
+    assert len(runs) == 4
+    assert grade_workspace(calc_task, copies[1], LOCAL).reused is False  # memo off: graded
+    assert len(runs) == 5
+
+    broken = dataclasses.replace(calc_task, image="gyre-no-such-image:never")
+    off = dataclasses.replace(memo, backend="docker")
+    first = grade_workspace(broken, copies[2], off)
+    assert first.status == "infra_error"
+    assert grade_workspace(broken, copies[2], off).reused is False  # retried, not kept
