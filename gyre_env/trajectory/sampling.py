@@ -59,6 +59,11 @@ class SampleConfig:
     """Divide advantages by the group's reward std (GRPO); off = Dr. GRPO style."""
     std_eps: float = 1e-6
     """Added to the std before dividing."""
+    negative_scale: float = 1.0
+    """Factor on below-mean advantages. 1 is GRPO; 0 trains only on the group's better
+    attempts (rejection-sampling RL, RAFT / Reinforce-Rej: the failures' gradient, which
+    pushes down whatever a failed attempt shares with every other context, is what
+    destabilises a small model trained from scratch); in between weighs them less."""
     exclude_outcomes: tuple[str, ...] = ("infra_error", "cancelled", "killed")
     """Episode outcomes kept in the store but never trained on (an infrastructure failure;
     an episode the runner cancelled, or closed past its time limit: never graded)."""
@@ -76,6 +81,8 @@ class SampleConfig:
         missing = set(ROLES) - set(self.role_weights)
         if missing:
             raise ValueError(f"role_weights is missing roles {sorted(missing)}")
+        if not 0.0 <= self.negative_scale <= 1.0:
+            raise ValueError(f"negative_scale must be in [0, 1], got {self.negative_scale}")
         if self.max_paths_per_episode < 1:
             raise ValueError(
                 f"max_paths_per_episode must be >= 1, got {self.max_paths_per_episode}"
@@ -126,6 +133,8 @@ def group_advantages(tree: TokenTree, cfg: SampleConfig) -> dict[str, float]:
     adv = rewards - rewards.mean()
     if cfg.normalize_std:
         adv = adv / (rewards.std() + cfg.std_eps)
+    if cfg.negative_scale != 1.0:
+        adv = np.where(adv < 0, adv * cfg.negative_scale, adv)
     return {s: float(a) for s, a in zip(sessions, adv, strict=True)}
 
 

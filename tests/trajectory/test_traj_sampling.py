@@ -53,6 +53,25 @@ def test_advantages_are_reward_minus_group_mean_and_skip_unscored_outcomes(outco
     assert adv_std == pytest.approx({s: (r - mean) / (std + 1e-6) for s, r in kept.items()})
 
 
+def test_negative_scale_weighs_only_the_below_mean_attempts():
+    """``negative_scale`` scales the failures' advantages and leaves the better attempts'
+    as GRPO gives them; 0 is rejection-sampling RL (only the better attempts train)."""
+    (tree,) = _tree()
+    for i, s in enumerate(sorted(tree.episodes)):
+        tree.episodes[s].reward = [1.0, 0.0, 0.0, 0.5][i]
+    grpo = group_advantages(tree, SampleConfig())
+    assert grpo == pytest.approx({s: r - 0.375 for s, r in zip(sorted(grpo), [1, 0, 0, 0.5])})
+    for scale in (0.0, 0.25):
+        adv = group_advantages(tree, SampleConfig(negative_scale=scale))
+        assert adv == pytest.approx({s: a if a > 0 else a * scale for s, a in grpo.items()})
+    units, _ = bounded_samples([tree], SampleConfig(negative_scale=0.0))
+    packed = [pack(u) for u in units]
+    adv = [a for p in packed for a, m in zip(p.advantages, p.loss_mask, strict=True) if m]
+    assert adv and min(adv) >= 0 and max(adv) > 0  # no token is pushed down
+    with pytest.raises(ValueError, match="negative_scale"):
+        SampleConfig(negative_scale=1.5)
+
+
 def test_units_fit_the_budget_and_every_loss_is_carried_exactly_once():
     trees = _tree() + _tree(seed=5, group="other")
     budget = 700
