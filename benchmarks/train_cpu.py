@@ -5,9 +5,9 @@ checkpoint and the RL result, over several seeds, with a control.
     python benchmarks/train_cpu.py --seeds 0 --set schedule.iterations=4
 
 Per seed, run A is ``gyre train --preset cpu-demo --seed S`` (random eval -> SFT on 64
-gold trajectories -> GRPO on generated tasks that have no gold in the loop -> held-out
-eval). The control starts from run A's own SFT checkpoint (same weights, optimizer,
-RNG and gold data) and continues SFT for as long as run A's RL phase ran, then is
+gold trajectories -> RL on generated tasks that have no gold in the loop, rejection-
+sampling GRPO in the preset -> held-out eval). The control starts from run A's own SFT
+checkpoint (same weights, optimizer, RNG and gold data) and continues SFT for as long as run A's RL phase ran, then is
 evaluated on the same held-out tasks: it answers "is RL better than just more SFT for
 the same time?". Held-out tasks come from the nano heldout split, disjoint from every
 training task by variant key (template, function name or argument names, constant).
@@ -47,7 +47,7 @@ def run_seed(seed: int, args) -> dict:
     from gyre_env.train import apply_overrides, load_config, train
     from gyre_env.train.checkpoint import Cursor
 
-    base = [*args.set, f"seed={seed}", "logging.tensorboard=false"]
+    base = [*args.set, f"seed={seed}", "logging.tensorboard=false", "schedule.eval_random=true"]
     if args.no_progress:
         base.append("logging.progress=false")
     existing = dict(item.split("=", 1) for item in args.existing)

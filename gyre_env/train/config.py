@@ -149,6 +149,9 @@ class ScheduleConfig:
     behaviour policy."""
     eval_every: int = 5
     """Held-out evaluation every this many iterations (and after the last)."""
+    eval_random: bool = True
+    """Evaluate the starting model on the held-out tasks before SFT (the ``random`` row;
+    a random-init model scores 0, so a time-boxed run may skip it)."""
     checkpoint_every: int = 1
     """Checkpoint every this many iterations (and at the end, and on Ctrl-C)."""
 

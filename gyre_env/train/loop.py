@@ -216,7 +216,8 @@ class _Run:
     def loop(self, stop: _Stop) -> None:
         cfg, c = self.cfg, self.cursor
         if c.phase == "eval_random":
-            self.evaluate("random")
+            if cfg.schedule.eval_random:
+                self.evaluate("random")
             c.phase = "sft_record" if cfg.sft.trajectories and cfg.sft.steps else "rl"
             self.save()
         if c.phase == "sft_record":

@@ -16,7 +16,7 @@ TINY = [
     "model.context_length=1024", "tasks.train_count=50", "tasks.heldout_count=2",
     "rollout.group_size=2", "rollout.tasks_per_iteration=2", "rollout.max_new_tokens=16",
     "rollout.max_steps=1", "algorithm.skip_zero_variance=false", "schedule.optimizer_steps=2",
-    "sft.trajectories=2", "sft.steps=2", "sft.batch_size=2",
+    "sft.trajectories=2", "sft.steps=2", "sft.batch_size=2", "schedule.eval_random=true",
 ]  # fmt: skip
 
 

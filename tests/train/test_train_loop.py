@@ -18,7 +18,7 @@ TINY = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
     "model.context_length=1024", "tasks.train_count=50", "tasks.heldout_count=2",
     "rollout.group_size=2", "rollout.tasks_per_iteration=2", "rollout.max_new_tokens=16",
-    "rollout.max_steps=1", "logging.progress=false",
+    "rollout.max_steps=1", "logging.progress=false", "schedule.eval_random=true",
     # the tiny random model scores 0 everywhere: keep its groups so there are steps
     "algorithm.skip_zero_variance=false",
 ]  # fmt: skip
@@ -59,6 +59,18 @@ def test_a_run_writes_its_outputs_and_pushes_versioned_weights(tmp_path):
         assert versions == {5}  # sampled by the weights pushed after step 5
         gold = store.episodes(run="sft")
         assert len(gold) == 4 and {e.reward for e in gold} == {1.0}
+
+
+def test_eval_random_false_skips_only_the_random_eval(tmp_path):
+    """The cpu-demo preset skips the random-init eval (it scores 0) to give RL the time."""
+    from gyre_env.train import train
+
+    assert load_config(preset="cpu-demo").schedule.eval_random is False
+    cfg = _cfg(tmp_path, "schedule.eval_random=false", "sft.trajectories=0",
+               "schedule.iterations=1")  # fmt: skip
+    summary = train(cfg)
+    assert [e["phase"] for e in summary.evals] == ["rl"]
+    assert len(_rows(cfg.out_dir, "iteration")) == 1
 
 
 def test_ctrl_c_saves_and_resume_gives_the_same_next_step_loss(tmp_path, monkeypatch):
