@@ -118,9 +118,9 @@ class NL2RepoConfig:
             raise ValueError(f"tier {self.tier!r} is not one of {TIERS}")
         T.select_tools(self.tools)  # unknown names fail here, naming the known ones
         if isinstance(self.potential, dict):
-            self.potential = PotentialConfig(**self.potential)
+            self.potential = _nested(PotentialConfig, self.potential, "potential")
         if isinstance(self.grading, dict):
-            self.grading = GradingConfig(**self.grading)
+            self.grading = _nested(GradingConfig, self.grading, "grading")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> NL2RepoConfig:
@@ -129,6 +129,15 @@ class NL2RepoConfig:
         if unknown:
             raise TypeError(f"unknown NL2RepoEnv options {unknown}; known: {sorted(known)}")
         return cls(**kwargs)
+
+
+def _nested(cls, values: dict, name: str):
+    """``cls(**values)``, refusing unknown keys by name (a typo must not pass silently)."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise TypeError(f"unknown NL2RepoEnv {name} options {unknown}; known: {sorted(known)}")
+    return cls(**values)
 
 
 def load_tasks(config: NL2RepoConfig, tasks: list[Task] | None = None) -> list[Task]:

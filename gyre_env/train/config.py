@@ -222,6 +222,24 @@ class TrainConfig:
 
         return _build(TorchTrainerConfig, self.algorithm.optim, "algorithm.optim")
 
+    def _check_env_kwargs(self) -> None:
+        """``tasks.env_kwargs`` checked against the NL2Repo env's options (a custom env,
+        registered with another entry point, checks its own when it is made)."""
+        import gymnasium as gym
+
+        import gyre_env  # noqa: F401  (registers the Gyre env ids)
+        from gyre_env.envs.nl2repo.registration import ENTRY_POINT
+
+        spec = gym.registry.get(self.tasks.env_id)
+        if spec is None or spec.entry_point != ENTRY_POINT:
+            return
+        from gyre_env.envs.nl2repo.env import NL2RepoConfig
+
+        try:
+            NL2RepoConfig.from_kwargs(**self.tasks.env_kwargs)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"tasks.env_kwargs: {e}") from None
+
     def validate(self) -> None:
         """Checks that need no I/O: ranges and the nested component configs."""
         if self.backend not in ("torch", "megatron"):
@@ -256,6 +274,7 @@ class TrainConfig:
         }.items():
             if value < 0:
                 raise ConfigError(f"{key} must be >= 0, got {value}")
+        self._check_env_kwargs()
         if self.rollout.group_size < 2 and self.schedule.iterations:
             raise ConfigError("rollout.group_size must be >= 2: GRPO compares attempts")
         self.loss_config()

@@ -123,6 +123,11 @@ def test_bad_configs_are_refused_naming_the_key(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="no preset 'cpu-dmeo'"):
         load_config(preset="cpu-dmeo")
+    # The env's options, nested ones too, are checked before a run folder exists.
+    with pytest.raises(ConfigError, match=r"env_kwargs: unknown NL2RepoEnv grading options \['memoise'\]"):
+        apply_overrides(load_config(preset="cpu-demo"), ["tasks.env_kwargs={grading={memoise=true}}"])
+    with pytest.raises(ConfigError, match=r"env_kwargs: unknown NL2RepoEnv options \['reward_mod'\]"):
+        apply_overrides(TrainConfig(), ['tasks.env_kwargs={reward_mod="sparse"}'])
 
 
 def test_bad_inputs_fail_before_any_work(tmp_path):
