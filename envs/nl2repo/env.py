@@ -118,25 +118,21 @@ class NL2RepoConfig:
             raise ValueError(f"tier {self.tier!r} is not one of {TIERS}")
         T.select_tools(self.tools)  # unknown names fail here, naming the known ones
         if isinstance(self.potential, dict):
-            self.potential = _nested(PotentialConfig, self.potential, "potential")
+            self.potential = _nested(PotentialConfig, self.potential, "NL2RepoEnv potential options")
         if isinstance(self.grading, dict):
-            self.grading = _nested(GradingConfig, self.grading, "grading")
+            self.grading = _nested(GradingConfig, self.grading, "NL2RepoEnv grading options")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> NL2RepoConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise TypeError(f"unknown NL2RepoEnv options {unknown}; known: {sorted(known)}")
-        return cls(**kwargs)
+        return _nested(cls, kwargs, "NL2RepoEnv options")
 
 
-def _nested(cls, values: dict, name: str):
+def _nested(cls, values: dict, what: str):
     """``cls(**values)``, refusing unknown keys by name (a typo must not pass silently)."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise TypeError(f"unknown NL2RepoEnv {name} options {unknown}; known: {sorted(known)}")
+        raise TypeError(f"unknown {what} {unknown}; known: {sorted(known)}")
     return cls(**values)
 
 
