@@ -50,6 +50,7 @@ from gyre_env.engines.base import (
 )
 from gyre_env.engines.kv_batch import KVBatch, cache_is_mergeable, filled_cache, new_cache
 from gyre_env.engines.kv_migration import MigratingRequest
+from gyre_env.engines.prefix_cache import PrefixCache
 from gyre_env.engines.sampling import make_generator, sample_rows, validate_params
 
 
@@ -71,6 +72,10 @@ class EmbeddedEngineConfig:
     """Prompt + output limit in tokens; None uses the model's ``max_position_embeddings``."""
     prefill_chunk_tokens: int = 4096
     """Prompts are prefilled in chunks of this many tokens to bound activation memory."""
+    prefix_cache_tokens: int = 16384
+    """KV of recent prompts kept (tokens in all, least recently used out) so that a prompt
+    sharing a prefix with one of them prefills only the rest (``prefix_cache``); 0 turns
+    it off. Dropped when the weights change."""
     num_threads: int | None = None
     """torch CPU threads (process-wide: ``torch.set_num_threads``). None: 1 for a model under
     50M parameters on CPU, whose ops are too small to gain from threads and which slow down
@@ -173,6 +178,7 @@ class EmbeddedEngine:
         self._urgent: collections.deque = collections.deque()  # (fn, future): no barrier
         self._next_seq = 0
         self._batch = KVBatch()
+        self._prefix = PrefixCache(self.config.prefix_cache_tokens) if mergeable else None
         self._mailboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._closed = False
         self._worker = threading.Thread(target=self._run, name=f"gyre-{self.name}", daemon=True)
@@ -364,6 +370,7 @@ class EmbeddedEngine:
                 "context_length": self.context_length,
                 "max_batch_size": self._max_batch,
                 "model_path": str(self.model_path),
+                "prefix_cache": self._prefix.stats() if self._prefix is not None else None,
             }
 
     def close(self) -> None:
@@ -549,15 +556,26 @@ class EmbeddedEngine:
         if req.generator is None:
             req.generator = make_generator(req.params, self.device)
         req.weight_version = self._weight_version
-        cache = new_cache(self._model.config)
         context = req.prompt_ids + req.output_ids
+        hit = self._prefix.lookup(context) if self._prefix is not None else None
+        if hit is None:
+            cache, done = new_cache(self._model.config), 0
+        else:
+            done, keys, values = hit
+            cache = filled_cache(self._model.config, keys, values)
         ids = torch.tensor([context], device=self.device)  # [1, context]
         chunk = max(1, self.config.prefill_chunk_tokens)
         kwargs = {self._cache_arg: cache, "use_cache": True}
         if self._keep_arg:
             kwargs["logits_to_keep"] = 1  # a 128k prompt needs only its last position's logits
-        for lo in range(0, ids.shape[1], chunk):
+        for lo in range(done, ids.shape[1], chunk):
             out = self._model(input_ids=ids[:, lo : lo + chunk], **kwargs)
+        if self._prefix is not None:
+            self._prefix.insert(
+                context,
+                [layer.keys for layer in cache.layers],
+                [layer.values for layer in cache.layers],
+            )
         tokens, logprobs = sample_rows(out.logits[:, -1, :], [req.params], [req.generator])
         req.prefill_s += time.perf_counter() - start
         if not req.output_ids:
@@ -656,6 +674,8 @@ class EmbeddedEngine:
                 )
             self._load_state(source)
         self._weight_version = version
+        if self._prefix is not None:
+            self._prefix.clear()  # its KV was computed by the old weights
 
     def _load_state(self, state: Mapping) -> None:
         own = self._model.state_dict()
@@ -683,6 +703,8 @@ class EmbeddedEngine:
                 k: v.detach().to("cpu", copy=True) for k, v in self._model.state_dict().items()
             }
         self._model = None
+        if self._prefix is not None:
+            self._prefix.clear()
         gc.collect()
         if self.device.type == "cuda":
             self._torch.cuda.empty_cache()

@@ -47,7 +47,10 @@ def test_implements_the_engine_protocol(engine, tokenizer):
 def test_greedy_is_deterministic(engine, prompts):
     a = asyncio.run(engine.generate(prompts[0], GREEDY))
     b = asyncio.run(engine.generate(prompts[0], GREEDY))
-    assert a.output_ids == b.output_ids and a.output_logprobs == b.output_logprobs
+    # b reuses a's prompt KV (prefix cache): its last prompt token is computed alone, so
+    # its logprobs equal a's up to float rounding, not bit for bit
+    assert a.output_ids == b.output_ids
+    assert b.output_logprobs == pytest.approx(a.output_logprobs, abs=1e-5)
     assert len(a.output_ids) == 24 and a.finish_reason == "length"
     assert a.weight_version == 0 and a.prefill_s > 0 and a.decode_s > 0
 
@@ -506,3 +509,54 @@ def test_close_fails_queued_requests(tiny_path, prompts):
 
     with pytest.raises(EngineError, match="closed"):
         asyncio.run(scenario())
+
+
+def test_prefix_cache_reuses_a_shared_prompt_prefix_exactly(tiny_path, prompts):
+    """A prompt that starts like an earlier one prefills only its new tokens, and its
+    outputs and logprobs are those of a full prefill (and of one plain forward pass)."""
+    base = prompts[7]
+    longer = base + prompts[1]  # extends base: all of base is reused
+    branch = base[:-5] + prompts[2][:9]  # shares all but base's last 5 tokens
+    cold = EmbeddedEngine(model_path=str(tiny_path), prefix_cache_tokens=0)
+    warm = EmbeddedEngine(model_path=str(tiny_path))
+    try:
+        for p in (base, longer, branch):
+            want = asyncio.run(cold.generate(p, GREEDY))
+            got = asyncio.run(warm.generate(p, GREEDY))
+            assert got.output_ids == want.output_ids
+            assert got.output_logprobs == pytest.approx(want.output_logprobs, abs=1e-4)
+            assert got.output_logprobs == pytest.approx(
+                _forward_logprobs(warm._model, p, got.output_ids), abs=1e-4
+            )
+        stats = asyncio.run(warm.health())["prefix_cache"]
+        assert stats["hits"] == 2
+        assert stats["tokens_reused"] == len(base) + len(base) - 5
+        assert asyncio.run(cold.health())["prefix_cache"]["hits"] == 0
+        # Batched with a shared prefix: the same as one at a time.
+        many = [base + prompts[i][: 4 + i] for i in range(6)]
+        alone = [asyncio.run(cold.generate(p, GREEDY)).output_ids for p in many]
+
+        async def together():
+            return await asyncio.gather(*(warm.generate(p, GREEDY) for p in many))
+
+        assert [r.output_ids for r in asyncio.run(together())] == alone
+    finally:
+        cold.close()
+        warm.close()
+
+
+def test_new_weights_drop_the_prefix_cache(tiny_path, prompts):
+    engine = EmbeddedEngine(model_path=str(tiny_path))
+    try:
+        asyncio.run(engine.generate(prompts[3], GREEDY))
+        assert asyncio.run(engine.health())["prefix_cache"]["entries"] == 1
+        asyncio.run(engine.update_weights(_perturbed_state(engine), version=1))
+        assert asyncio.run(engine.health())["prefix_cache"]["entries"] == 0
+        after = asyncio.run(engine.generate(prompts[3], GREEDY))
+        assert after.output_logprobs == pytest.approx(
+            _forward_logprobs(engine._model, prompts[3], after.output_ids), abs=1e-4
+        )
+        asyncio.run(engine.release_memory())
+        assert asyncio.run(engine.health())["prefix_cache"]["entries"] == 0
+    finally:
+        engine.close()
