@@ -45,7 +45,7 @@ def add_commands(sub) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from gyre_env._optional import MissingExtraError
-    from gyre_env.train.config import ConfigError, apply_overrides, load_config
+    from gyre_env.train.config import ConfigError, load_config
 
     overrides = list(args.set)
     for key, value in (("seed", args.seed), ("schedule.iterations", args.iterations)):
@@ -61,7 +61,7 @@ def _run(args: argparse.Namespace) -> int:
         print("gyre train: --ray needs --elastic", file=sys.stderr)
         return 2
     try:
-        cfg = apply_overrides(load_config(args.config, preset=args.preset), overrides)
+        cfg = load_config(args.config, preset=args.preset, overrides=overrides)
         if args.elastic:
             from gyre_env.scheduler.elastic_train import train_elastic
 

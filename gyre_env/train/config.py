@@ -234,10 +234,14 @@ class TrainConfig:
         if spec is None or spec.entry_point != ENTRY_POINT:
             return
         from gyre_env.envs.nl2repo.env import NL2RepoConfig
+        from gyre_env.sandbox import SandboxError, choose_backend
 
         try:
-            NL2RepoConfig.from_kwargs(**self.tasks.env_kwargs)
-        except (TypeError, ValueError) as e:
+            env = NL2RepoConfig.from_kwargs(**self.tasks.env_kwargs)
+            for backend in {env.sandbox_backend, env.grading.backend}:
+                if backend != "auto":  # auto resolves at run time, to what is there
+                    choose_backend(backend)
+        except (TypeError, ValueError, SandboxError) as e:
             raise ConfigError(f"tasks.env_kwargs: {e}") from None
 
     def validate(self) -> None:
@@ -356,8 +360,12 @@ def _coerce(tp, value, key: str):
     return value
 
 
-def load_config(path: str | Path | None = None, *, preset: str | None = None) -> TrainConfig:
-    """A ``TrainConfig`` from a TOML file or a named preset (validated)."""
+def load_config(
+    path: str | Path | None = None, *, preset: str | None = None, overrides: list[str] = ()
+) -> TrainConfig:
+    """A ``TrainConfig`` from a TOML file or a named preset, with ``overrides`` (as in
+    ``apply_overrides``) applied before it is validated: an override can mend what the
+    file alone would be refused for (a sandbox backend this machine lacks)."""
     import tomllib
 
     if (path is None) == (preset is None):
@@ -376,6 +384,11 @@ def load_config(path: str | Path | None = None, *, preset: str | None = None) ->
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
     try:
         cfg = from_dict(TrainConfig, data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    if overrides:
+        return apply_overrides(cfg, list(overrides))
+    try:
         cfg.validate()
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from e

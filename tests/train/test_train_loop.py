@@ -124,10 +124,32 @@ def test_bad_configs_are_refused_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match="no preset 'cpu-dmeo'"):
         load_config(preset="cpu-dmeo")
     # The env's options, nested ones too, are checked before a run folder exists.
-    with pytest.raises(ConfigError, match=r"env_kwargs: unknown NL2RepoEnv grading options \['memoise'\]"):
-        apply_overrides(load_config(preset="cpu-demo"), ["tasks.env_kwargs={grading={memoise=true}}"])
-    with pytest.raises(ConfigError, match=r"env_kwargs: unknown NL2RepoEnv options \['reward_mod'\]"):
+    with pytest.raises(
+        ConfigError, match=r"env_kwargs: unknown NL2RepoEnv grading options \['memoise'\]"
+    ):
+        apply_overrides(
+            load_config(preset="cpu-demo"), ["tasks.env_kwargs={grading={memoise=true}}"]
+        )
+    with pytest.raises(
+        ConfigError, match=r"env_kwargs: unknown NL2RepoEnv options \['reward_mod'\]"
+    ):
         apply_overrides(TrainConfig(), ['tasks.env_kwargs={reward_mod="sparse"}'])
+    with pytest.raises(ConfigError, match=r"env_kwargs: unknown sandbox backend 'bwarp'"):
+        apply_overrides(TrainConfig(), ['tasks.env_kwargs={sandbox_backend="bwarp"}'])
+
+
+def test_a_missing_bubblewrap_is_named_before_any_work(monkeypatch):
+    """The preset's sandboxes are bubblewrap's: without it on PATH the config is refused,
+    naming the install and the Docker alternative (not an infra_error per episode)."""
+    monkeypatch.setattr("gyre_env.sandbox.bwrap.bwrap_available", lambda: False)
+    with pytest.raises(
+        ConfigError, match=r"'bwrap' needs bubblewrap .*apt install bubblewrap.*'docker'"
+    ):
+        load_config(preset="cpu-demo").validate()
+    # The override gyre train's error and the preset suggest mends it (applied before the
+    # preset is validated).
+    cfg = load_config(preset="cpu-demo", overrides=['tasks.env_kwargs={sandbox_backend="docker"}'])
+    assert cfg.tasks.env_kwargs["sandbox_backend"] == "docker"
 
 
 def test_bad_inputs_fail_before_any_work(tmp_path):
