@@ -1,8 +1,9 @@
 """BwrapSandbox: bubblewrap namespaces, no daemon.
 
 Covers: new pid, network (loopback only), IPC, UTS and user namespaces with all
-capabilities dropped; the host's system folders (``/usr``, ``/etc``, the Python prefix)
-read-only, with ``/etc/shadow`` hidden; a private ``/workspace`` (a host temp folder),
+capabilities dropped; the host's system folders (``/usr``, ``/etc``) and the Python
+running gyre (a virtualenv and its base; ``python3`` is the venv's) read-only, with
+``/etc/shadow`` hidden; a private ``/workspace`` (a host temp folder),
 ``/tmp`` and ``/home``; memory and pids limits from a cgroup per sandbox (cgroup v1 or
 v2), or from ``prlimit`` (address space only) where cgroups are not writable. The
 sandbox dies with its owner process (``--die-with-parent``). Does not cover: reading
@@ -154,8 +155,10 @@ class BwrapSandbox(ShellSandbox):
 
     def _argv(self) -> list[str]:
         cfg = self.config
-        prefix = os.path.realpath(sys.base_prefix)
-        path = f"{prefix}/bin:/usr/local/bin:/usr/bin:/bin"
+        # The Python running gyre, a virtualenv's included: its python3 (first on PATH) is
+        # the one with gyre's pytest. A venv's base alone lacks it (Debian's python3 does).
+        prefixes = list(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)))
+        path = ":".join([*(f"{p}/bin" for p in prefixes), "/usr/local/bin", "/usr/bin", "/bin"])
         argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         if cfg.network:
             argv.append("--share-net")
@@ -169,8 +172,6 @@ class BwrapSandbox(ShellSandbox):
         for secret in ("/etc/shadow", "/etc/gshadow"):
             if os.path.exists(secret):
                 argv += ["--ro-bind", "/dev/null", secret]
-        if not prefix.startswith("/usr/"):
-            argv += ["--ro-bind", prefix, prefix]
         argv += [
             "--proc",
             "/proc",
@@ -199,6 +200,9 @@ class BwrapSandbox(ShellSandbox):
             "PYTHONUSERBASE",
             "/home/sandbox/.local",
         ]
+        for prefix in prefixes:  # after the /tmp tmpfs, which would hide a venv under /tmp
+            if prefix != "/usr" and not prefix.startswith("/usr/"):
+                argv += ["--ro-bind", prefix, prefix]
         if cfg.proxy_socket:
             host_dir, inside = route.socket_mount(cfg.proxy_socket)
             argv += ["--bind", host_dir, inside]
