@@ -21,18 +21,12 @@ from gyre_env.sandbox.base import (
     SandboxError,
 )
 from gyre_env.sandbox.shell import PersistentShell, shell_quote
+from gyre_env.sandbox.untar import safe_extract
 
 _OUTSIDE = 97
 _MISSING = 98
 _IS_DIR = 99
 _FILE_LIMIT = 256 << 20  # bytes a single file transfer may carry
-
-
-def _skip_escaping_links(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    try:
-        return tarfile.data_filter(member, dest)
-    except (tarfile.AbsoluteLinkError, tarfile.LinkOutsideDestinationError):
-        return None
 
 
 class ShellFileOps:
@@ -108,9 +102,9 @@ class ShellFileOps:
         raw = base64.b64decode(self._file_cmd(path, script, "get_dir", timeout=600).stdout)
         Path(local_dir).mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:gz") as tar:
-            # The archive is agent-made: the "data" filter refuses paths that would land
-            # outside local_dir; links that point outside (a venv's python) are skipped.
-            tar.extractall(local_dir, filter=_skip_escaping_links)
+            # The archive is agent-made: paths that would land outside local_dir are
+            # refused; links that point outside (a venv's python) are skipped.
+            safe_extract(tar, local_dir, skip_escaping_links=True)
 
 
 class ShellSandbox(ShellFileOps):

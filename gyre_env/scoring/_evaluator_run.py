@@ -46,7 +46,9 @@ def main(plan_path: str) -> int:
         plan = json.load(fh)
     grader = os.path.dirname(os.path.abspath(plan_path))
     repo = plan["repo"]
-    python = os.path.realpath(sys.executable)
+    # Not resolved: a virtualenv's python3 is a link to its base interpreter, which alone
+    # has no pytest (bubblewrap runs gyre's own venv, read-only, first on PATH).
+    python = os.path.abspath(sys.executable)
     out = os.path.join(grader, "out")
     home, userbase, tmp = (os.path.join(grader, d) for d in ("home", "userbase", "tmp"))
     for d in (out, home, userbase, tmp):

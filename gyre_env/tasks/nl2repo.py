@@ -44,6 +44,7 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
+from gyre_env.sandbox.untar import safe_extract
 from gyre_env.tasks.task import Task, TaskFormatError, list_files
 
 _TOOLING = {"python", "pip", "setuptools", "wheel", "distribute"}
@@ -504,7 +505,7 @@ def _extract(archive: Path, dest: Path) -> Path:
     else:
         try:
             with tarfile.open(archive) as tf:
-                tf.extractall(dest, filter="data")
+                safe_extract(tf, dest, skip_escaping_links=False)
         except (tarfile.TarError, OSError) as e:
             raise TaskFormatError(f"{archive}: cannot extract ({e})") from e
     entries = list(dest.iterdir())
