@@ -100,6 +100,28 @@ def _d(median: float, **kw) -> Dist:
 
 
 @dataclass(kw_only=True)
+class WorkloadPhase:
+    """A stretch of consecutive groups whose episodes are scaled from the base
+    distributions: a curriculum over task tiers (short one-file tasks, then whole
+    repositories), or episodes that lengthen as the policy learns to iterate."""
+
+    groups: int
+    """Groups in this phase (the phases repeat in order)."""
+    turns_scale: float = 1.0
+    """Multiplies each episode's drawn turn count (at least 1 turn)."""
+    tool_scale: float = 1.0
+    """Multiplies each tool call's drawn duration."""
+    output_scale: float = 1.0
+    """Multiplies each model call's drawn output tokens."""
+
+    def __post_init__(self) -> None:
+        if self.groups < 1:
+            raise ValueError(f"a workload phase needs groups >= 1, got {self.groups}")
+        if min(self.turns_scale, self.tool_scale, self.output_scale) <= 0:
+            raise ValueError("workload phase scales must be > 0")
+
+
+@dataclass(kw_only=True)
 class WorkloadConfig:
     """Agent episodes: turns alternating a model call and a tool execution.
 
@@ -127,6 +149,20 @@ class WorkloadConfig:
     """An episode ends when its context would pass this."""
     zero_variance_fraction: float = 0.0
     """Share of groups whose rewards are all equal: finished but not trained on (DAPO filter)."""
+    phases: list[WorkloadPhase] = field(default_factory=list)
+    """Non-stationary load (fitted source): group ``g`` is drawn with the scales of the
+    phase it falls in, the phases cycling in order; empty: every group alike."""
+
+    def phase_of(self, group: int) -> WorkloadPhase | None:
+        """The phase group ``group`` belongs to (None without phases)."""
+        if not self.phases:
+            return None
+        g = group % sum(p.groups for p in self.phases)
+        for phase in self.phases:
+            if g < phase.groups:
+                return phase
+            g -= phase.groups
+        raise AssertionError("unreachable")
 
 
 @dataclass(kw_only=True)

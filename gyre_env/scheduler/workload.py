@@ -74,21 +74,26 @@ class FittedWorkload:
     def group(self, g: int) -> list[Episode]:
         if g in self._cache:
             return self._cache[g]
-        out = self._draw_group(np.random.default_rng([self.seed, g]))
+        out = self._draw_group(np.random.default_rng([self.seed, g]), self.cfg.phase_of(g))
         if len(self._cache) < self.CACHED_GROUPS:
             self._cache[g] = out
         return out
 
-    def _draw_group(self, rng: np.random.Generator) -> list[Episode]:
-        """One group's episodes, every distribution drawn once for the whole group."""
+    def _draw_group(self, rng: np.random.Generator, phase=None) -> list[Episode]:
+        """One group's episodes, every distribution drawn once for the whole group; a
+        ``phase`` scales its turns, tool times and outputs."""
         cfg, size = self.cfg, self.cfg.group_size
+        turns_k, tool_k, out_k = (
+            (phase.turns_scale, phase.tool_scale, phase.output_scale) if phase else (1, 1, 1)
+        )
         trained = bool(rng.random() >= cfg.zero_variance_fraction)
-        n = np.maximum(1, np.round(draw(cfg.turns, rng, size)).astype(np.int64))
+        n = np.maximum(1, np.round(draw(cfg.turns, rng, size) * turns_k)).astype(np.int64)
         bounds = np.concatenate(([0], np.cumsum(n)))
         prompt = draw(cfg.turn_prompt_tokens, rng, int(bounds[-1])).round().astype(np.int64)
         prompt[bounds[:-1]] = np.round(draw(cfg.first_prompt_tokens, rng, size)).astype(np.int64)
-        output = np.maximum(draw(cfg.output_tokens, rng, len(prompt)).round(), 1).astype(np.int64)
-        tool = draw(cfg.tool_s, rng, len(prompt))
+        output = draw(cfg.output_tokens, rng, len(prompt)) * out_k
+        output = np.maximum(output.round(), 1).astype(np.int64)
+        tool = draw(cfg.tool_s, rng, len(prompt)) * tool_k
         setup, scoring = draw(cfg.setup_s, rng, size), draw(cfg.scoring_s, rng, size)
         # each episode's turns up to the context limit: its context after each turn is
         # the running sum from its first turn; non-negative tokens make it non-decreasing,
@@ -97,7 +102,9 @@ class FittedWorkload:
         if turn_tokens.min() >= 0:
             total = np.cumsum(turn_tokens)
             context = total - np.repeat(total[bounds[:-1]] - turn_tokens[bounds[:-1]], n)
-            fits = np.add.reduceat((context <= cfg.max_context_tokens).astype(np.int64), bounds[:-1])
+            fits = np.add.reduceat(
+                (context <= cfg.max_context_tokens).astype(np.int64), bounds[:-1]
+            )
         else:
             fits = [
                 np.searchsorted(np.cumsum(turn_tokens[a:b]), cfg.max_context_tokens, "right")

@@ -334,3 +334,38 @@ def test_waterlevel_grows_a_step_at_low_load_without_shrinking_the_work_in_fligh
     running["groups_trained"] = 4
     policy.decide(_obs(**running))
     assert policy.admits(_obs(**running)) == before + 2
+
+
+def test_workload_phases_scale_their_groups_in_order_and_repeat():
+    from gyre_env.scheduler.config import WorkloadConfig, WorkloadPhase
+    from gyre_env.train.config import ConfigError, from_dict
+
+    base = dict(
+        group_size=2,
+        turns={"median": 20.0},
+        tool_s={"median": 2.0},
+        output_tokens={"median": 100.0},
+        max_context_tokens=10**9,
+    )
+    phases = [
+        {"groups": 3, "turns_scale": 0.25, "tool_scale": 0.5, "output_scale": 2.0},
+        {"groups": 2},
+    ]
+    work = make_workload(from_dict(WorkloadConfig, {**base, "phases": phases}), seed=0)
+    shape = [
+        {(len(e.output), float(e.tool_s[0]), int(e.output[0])) for e in work.group(g)}
+        for g in range(6)
+    ]
+    assert shape == [{(5, 1.0, 200)}] * 3 + [{(20, 2.0, 100)}] * 2 + [{(5, 1.0, 200)}]
+    # without phases (or with all-1 scales) a group is what it always was
+    plain = make_workload(from_dict(WorkloadConfig, base), seed=0)
+    ones = make_workload(from_dict(WorkloadConfig, {**base, "phases": [{"groups": 4}]}), seed=0)
+    assert [len(e.output) for e in plain.group(7)] == [len(e.output) for e in ones.group(7)]
+    assert WorkloadConfig().phase_of(5) is None
+    assert isinstance(
+        from_dict(WorkloadConfig, {**base, "phases": phases}).phase_of(4), WorkloadPhase
+    )
+    with pytest.raises(ConfigError, match=r"workload phase scales must be > 0"):
+        from_dict(WorkloadConfig, {**base, "phases": [{"groups": 2, "turns_scale": 0.0}]})
+    with pytest.raises(ConfigError, match=r"unknown key 'phases\[0\].turn_scale'"):
+        from_dict(WorkloadConfig, {**base, "phases": [{"groups": 2, "turn_scale": 0.5}]})
