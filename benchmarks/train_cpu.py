@@ -44,7 +44,7 @@ def _phase_seconds(out: Path) -> dict[str, float]:
 
 
 def run_seed(seed: int, args) -> dict:
-    from gyre_env.train import apply_overrides, load_config, train
+    from gyre_env.train import load_config, train
     from gyre_env.train.checkpoint import Cursor
 
     base = [*args.set, f"seed={seed}", "logging.tensorboard=false", "schedule.eval_random=true"]
@@ -57,7 +57,7 @@ def run_seed(seed: int, args) -> dict:
     else:
         out = Path(args.out) / f"seed{seed}"
         shutil.rmtree(out, ignore_errors=True)
-        cfg = apply_overrides(load_config(preset=args.preset), [*base, f"out={str(out)!r}"])
+        cfg = load_config(preset=args.preset, overrides=[*base, f"out={str(out)!r}"])
         start = time.monotonic()
         train(cfg)
         wall_a = time.monotonic() - start
@@ -71,11 +71,13 @@ def run_seed(seed: int, args) -> dict:
     shutil.copytree(out / "checkpoint-sft", control / "checkpoints")
     shutil.copy(out / "store.db", control / "store.db")
     shutil.copy(out / "metrics.jsonl", control / "metrics.jsonl")
-    _rewind_to_sft(control / "checkpoints", Cursor, load_config(preset=args.preset).sft.lr)
+    _rewind_to_sft(
+        control / "checkpoints", Cursor, load_config(preset=args.preset, overrides=base).sft.lr
+    )
     sft_steps = len(_rows(out, "sft"))
-    ccfg = apply_overrides(
-        load_config(preset=args.preset),
-        [
+    ccfg = load_config(
+        preset=args.preset,
+        overrides=[
             *base,
             f"out={str(control)!r}",
             "schedule.iterations=0",
