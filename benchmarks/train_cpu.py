@@ -171,8 +171,11 @@ def main(argv=None) -> int:
         )
     gains = np.array([r["rl"] - r["sft"] for r in rows])
     for key in ("random", "sft", "rl", "control"):
-        vals = np.array([r[key] for r in rows], dtype=float)
-        print(f"{key:>8}: mean {vals.mean():.3f}  std {vals.std():.3f}  min {vals.min():.3f}")
+        vals = np.array([r[key] for r in rows if r[key] is not None], dtype=float)
+        if len(vals) == 0:
+            continue
+        note = "" if len(vals) == len(rows) else f"  ({len(vals)} of {len(rows)} seeds measured it)"
+        print(f"{key:>8}: mean {vals.mean():.3f}  std {vals.std():.3f}  min {vals.min():.3f}{note}")
     print(f"  rl-sft: mean {gains.mean():+.3f}  min {gains.min():+.3f}")
     print(
         f"target RL - SFT >= 0.15 on average and on every seed: "
