@@ -22,10 +22,11 @@ import numpy as np
 class PrefixCache:
     """Prompts' KV by token prefix; ``lookup`` gives the longest match, ``insert`` adds."""
 
-    def __init__(self, max_tokens: int, min_match: int = 16):
+    def __init__(self, max_tokens: int, min_match: int = 16, max_entries: int = 256):
         if max_tokens < 0:
             raise ValueError(f"prefix cache max_tokens must be >= 0, got {max_tokens}")
         self.max_tokens = max_tokens
+        self.max_entries = max(1, max_entries)  # a lookup compares against every entry
         self.min_match = max(1, min_match)
         self._entries: collections.OrderedDict[int, tuple[np.ndarray, list, list]] = (
             collections.OrderedDict()
@@ -72,7 +73,9 @@ class PrefixCache:
         for key, (old, _, _) in list(self._entries.items()):
             if len(old) <= n and np.array_equal(old, tokens[: len(old)]):
                 self._drop(key)
-        while self._entries and self.tokens + n > self.max_tokens:
+        while self._entries and (
+            self.tokens + n > self.max_tokens or len(self._entries) >= self.max_entries
+        ):
             self._drop(next(iter(self._entries)))
         self._entries[self._next] = (tokens, list(keys), list(values))
         self._next += 1

@@ -48,3 +48,7 @@ def test_bound_by_tokens_oldest_out_and_prefixes_replaced():
     assert len(cache) == 0 and cache.tokens == 0 and cache.lookup([0, 1, 2]) is None
     with pytest.raises(ValueError, match="max_tokens must be >= 0"):
         PrefixCache(-1)
+    few = PrefixCache(max_tokens=1000, min_match=1, max_entries=2)  # short prompts: by count
+    for i in range(3):
+        few.insert([100 * i + t for t in range(5)], *_kv(5))
+    assert len(few) == 2 and few.lookup([0, 1, 2]) is None and few.lookup([200, 201, 9])[0] == 2
