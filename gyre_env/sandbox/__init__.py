@@ -60,14 +60,6 @@ def choose_backend(backend: str | None = "auto") -> str:
         return "local"
     if backend not in BACKENDS:
         raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {BACKENDS} or 'auto'")
-    if backend == "bwrap":
-        from gyre_env.sandbox.bwrap import bwrap_available
-
-        if not bwrap_available():
-            raise SandboxError(
-                "sandbox backend 'bwrap' needs bubblewrap on PATH "
-                "(apt install bubblewrap; dnf install bubblewrap), or choose 'docker'"
-            )
     return backend
 
 

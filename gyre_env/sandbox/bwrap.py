@@ -40,6 +40,15 @@ def bwrap_available() -> bool:
     return shutil.which("bwrap") is not None
 
 
+def require_bwrap() -> None:
+    """Raise ``SandboxError`` naming the install (and the Docker alternative) without it."""
+    if not bwrap_available():
+        raise SandboxError(
+            "sandbox backend 'bwrap' needs bubblewrap on PATH "
+            "(apt install bubblewrap; dnf install bubblewrap), or choose 'docker'"
+        )
+
+
 class _Cgroup:
     """A per-sandbox cgroup with pids and memory limits (v1 controllers or unified v2)."""
 
@@ -128,8 +137,7 @@ class BwrapSandbox(ShellSandbox):
     backend = "bwrap"
 
     def __init__(self, config: SandboxConfig | None = None):
-        if not bwrap_available():
-            raise SandboxError("bubblewrap is not installed (apt-get install bubblewrap)")
+        require_bwrap()
         self.config = config or SandboxConfig()
         self.id = f"gyre-bwrap-{uuid.uuid4().hex[:12]}"
         self.workspace = WORKSPACE

@@ -235,12 +235,14 @@ class TrainConfig:
             return
         from gyre_env.envs.nl2repo.env import NL2RepoConfig
         from gyre_env.sandbox import SandboxError, choose_backend
+        from gyre_env.sandbox.bwrap import require_bwrap
 
         try:
             env = NL2RepoConfig.from_kwargs(**self.tasks.env_kwargs)
             for backend in {env.sandbox_backend, env.grading.backend}:
-                if backend != "auto":  # auto resolves at run time, to what is there
-                    choose_backend(backend)
+                # auto resolves at run time, to what is there
+                if backend != "auto" and choose_backend(backend) == "bwrap":
+                    require_bwrap()
         except (TypeError, ValueError, SandboxError) as e:
             raise ConfigError(f"tasks.env_kwargs: {e}") from None
 
