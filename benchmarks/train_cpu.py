@@ -12,6 +12,13 @@ evaluated on the same held-out tasks: it answers "is RL better than just more SF
 the same time?". Held-out tasks come from the nano heldout split, disjoint from every
 training task by variant key (template, function name or argument names, constant).
 
+Then each model (the random init, run A's SFT checkpoint and RL result, the control) is
+measured again on the held-out tasks with ``--eval-attempts`` sampled attempts per task
+(default 4: 192 episodes; the runs' own single-attempt evaluations have a standard error
+near 0.06, too much to tell +0.1 from +0.2), as an evaluation run of its own under
+``--out/seedS-eval/``, with its standard error over tasks and the paired standard error
+of RL - SFT. ``--existing`` / ``--existing-control`` measure finished folders.
+
 Prints one row per seed and the mean and spread, and writes ``summary.json`` and
 ``pass_rate.png`` (held-out pass rate over iterations, per seed) under ``--out``.
 """
@@ -45,7 +52,6 @@ def _phase_seconds(out: Path) -> dict[str, float]:
 
 def run_seed(seed: int, args) -> dict:
     from gyre_env.train import load_config, train
-    from gyre_env.train.checkpoint import Cursor
 
     base = [*args.set, f"seed={seed}", "logging.tensorboard=false", "schedule.eval_random=true"]
     if args.no_progress:
@@ -65,6 +71,53 @@ def run_seed(seed: int, args) -> dict:
     secs = _phase_seconds(out)
 
     # The control: run A's SFT checkpoint, SFT continued for as long as A's RL ran.
+    existing_control = dict(item.split("=", 1) for item in args.existing_control)
+    if str(seed) in existing_control:  # a finished control folder of this run A
+        control = Path(existing_control[str(seed)])
+        wall_c = None
+    else:
+        control, wall_c = _control(seed, args, base, out, secs)
+    sft_steps = len(_rows(out, "sft"))
+    control_steps = len(_rows(control, "sft"))
+    last = {e["phase"]: e["pass_rate"] for e in evals}
+    last["control"] = _rows(control, "eval")[-1]["pass_rate"]
+    measured = {}
+    if args.eval_attempts:
+        from gyre_env.train.loop import prepare_model
+
+        models = {
+            "random": prepare_model(load_config(preset=args.preset, overrides=base)),
+            "sft": out / "model-sft",
+            "rl": out / "model",
+            "control": control / "model",
+        }
+        for phase, model in models.items():
+            measured[phase] = _measure(
+                args, base, model, Path(args.out) / f"seed{seed}-eval" / phase
+            )
+    row = {
+        "seed": seed,
+        "run": str(out),
+        **{k: (measured[k]["pass_rate"] if measured else last.get(k)) for k in PHASES},
+        "measured": measured,
+        "in_run": {k: last.get(k) for k in PHASES},
+        "sft_steps": sft_steps,
+        "control_sft_steps": control_steps,
+        "seconds": secs,
+        "wall_run": wall_a,
+        "wall_control": wall_c,
+        "curve": [(e["iteration"], e["phase"], e["pass_rate"]) for e in evals],
+    }
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / f"seed{seed}.json").write_text(json.dumps(row, indent=1), encoding="utf-8")
+    return row
+
+
+def _control(seed: int, args, base: list[str], out: Path, secs: dict) -> tuple[Path, float]:
+    """The control: run A's SFT checkpoint, SFT continued for as long as A's RL ran."""
+    from gyre_env.train import load_config, train
+    from gyre_env.train.checkpoint import Cursor
+
     control = Path(args.out) / f"seed{seed}-control"
     shutil.rmtree(control, ignore_errors=True)
     control.mkdir(parents=True)
@@ -74,7 +127,6 @@ def run_seed(seed: int, args) -> dict:
     _rewind_to_sft(
         control / "checkpoints", Cursor, load_config(preset=args.preset, overrides=base).sft.lr
     )
-    sft_steps = len(_rows(out, "sft"))
     ccfg = load_config(
         preset=args.preset,
         overrides=[
@@ -86,27 +138,38 @@ def run_seed(seed: int, args) -> dict:
         ],
     )
     start = time.monotonic()
-    csummary = train(ccfg, resume=True)
-    wall_c = time.monotonic() - start
-    control_steps = len(_rows(control, "sft"))
-    last = {e["phase"]: e["pass_rate"] for e in evals}
-    row = {
-        "seed": seed,
-        "run": str(out),
-        "random": last.get("random"),
-        "sft": last.get("sft"),
-        "rl": last.get("rl"),
-        "control": csummary.pass_rate("sft"),
-        "sft_steps": sft_steps,
-        "control_sft_steps": control_steps,
-        "seconds": secs,
-        "wall_run": wall_a,
-        "wall_control": wall_c,
-        "curve": [(e["iteration"], e["phase"], e["pass_rate"]) for e in evals],
+    train(ccfg, resume=True)
+    return control, time.monotonic() - start
+
+
+def _measure(args, base: list[str], model: Path, out: Path) -> dict:
+    """Held-out pass rate of ``model``: ``--eval-attempts`` sampled attempts per held-out
+    task, as a run of its own under ``out``, with the standard error over tasks (attempts
+    of one task are correlated, so the error is that of the per-task means)."""
+    from gyre_env.train import load_config
+    from gyre_env.train.loop import evaluate_heldout
+
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = load_config(
+        preset=args.preset,
+        overrides=[*base, f"out={str(out)!r}", f"rollout.eval_attempts={args.eval_attempts}"],
+    )
+    row = evaluate_heldout(cfg, model, out, "measure")
+    per_task: dict[str, list[float]] = {}
+    for line in (out / "episodes.jsonl").read_text(encoding="utf-8").splitlines():
+        ep = json.loads(line)
+        if ep["reward_valid"] and ep["score"] is not None:
+            per_task.setdefault(ep["task_id"], []).append(float(ep["score"] >= 1.0))
+    means = np.array([np.mean(v) for v in per_task.values()])
+    se = float(means.std(ddof=1) / np.sqrt(len(means))) if len(means) > 1 else float("nan")
+    return {
+        "pass_rate": row["pass_rate"],
+        "stderr": se,
+        "per_task": {task: float(np.mean(v)) for task, v in per_task.items()},
+        "episodes": row["episodes"],
+        "tasks": len(means),
+        "seconds": row["time_eval"],
     }
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / f"seed{seed}.json").write_text(json.dumps(row, indent=1), encoding="utf-8")
-    return row
 
 
 def _rewind_to_sft(folder: Path, cursor_cls, sft_lr: float) -> None:
@@ -124,6 +187,15 @@ def _rewind_to_sft(folder: Path, cursor_cls, sft_lr: float) -> None:
     torch.save(state, folder / "ckpt.pt")
     (folder / "cursor.json").write_text(json.dumps(state["cursor"]), encoding="utf-8")
     cursor_cls(**state["cursor"])  # still a valid cursor
+
+
+PHASES = ("random", "sft", "rl", "control")
+
+
+def _paired_se(a: dict, b: dict) -> float:
+    """Standard error of a - b over the held-out tasks both measured (paired by task)."""
+    d = np.array([a["per_task"][t] - b["per_task"][t] for t in a["per_task"] if t in b["per_task"]])
+    return float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
 
 
 def _fmt(x) -> str:
@@ -145,6 +217,21 @@ def main(argv=None) -> int:
         help="use this finished run folder as run A of SEED (only its control runs)",
     )
     p.add_argument(
+        "--existing-control",
+        action="append",
+        default=[],
+        metavar="SEED=DIR",
+        help="use this finished control folder of SEED's run A (with --existing)",
+    )
+    p.add_argument(
+        "--eval-attempts",
+        type=int,
+        default=4,
+        metavar="N",
+        help="measure each model (random, SFT, RL, control) again with N sampled attempts "
+        "per held-out task (0: report the runs' own single evaluations)",
+    )
+    p.add_argument(
         "--table-only",
         action="store_true",
         help="run nothing: print the table of the seed*.json results already under --out",
@@ -159,7 +246,14 @@ def main(argv=None) -> int:
             print(f"== seed {seed}", file=sys.stderr, flush=True)
             rows.append(run_seed(seed, args))
     (out / "summary.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
-    print(f"\nheld-out nano pass rate (preset {args.preset}; sampled at the eval temperature)")
+    measured = all(r.get("measured") for r in rows)
+    how = (
+        f"{rows[0]['measured']['sft']['episodes'] // rows[0]['measured']['sft']['tasks']} "
+        "sampled attempts per task, measured after the runs; +- standard error over tasks"
+        if measured
+        else "the runs' own evaluations"
+    )
+    print(f"\nheld-out nano pass rate (preset {args.preset}; {how})")
     print("seed  random    sft     rl   control  rl-sft | wall s: sft_record sft_train   rl  eval")
     for r in rows:
         s = r["seconds"]
@@ -169,6 +263,19 @@ def main(argv=None) -> int:
             f"{s.get('sft_record', 0):>10.0f} {s.get('sft_train', 0):>9.0f} {s['rl']:>5.0f} "
             f"{s['eval']:>5.0f}"
         )
+        if measured:
+            m = r["measured"]
+            print(
+                "  +-"
+                + "".join(f"{m[k]['stderr']:>7.3f}" for k in PHASES)
+                + f"  {_paired_se(m['rl'], m['sft']):>6.3f}  (standard errors)"
+            )
+        if r.get("in_run"):
+            print(
+                "      "
+                + "  ".join(_fmt(r["in_run"][k]) for k in PHASES)
+                + "  (the runs' own evals)"
+            )
     gains = np.array([r["rl"] - r["sft"] for r in rows])
     for key in ("random", "sft", "rl", "control"):
         vals = np.array([r[key] for r in rows if r[key] is not None], dtype=float)
@@ -201,9 +308,23 @@ def _plot(rows, path: Path) -> None:
     for r in rows:
         pts = [(it, rate) for it, phase, rate in r["curve"] if phase in ("sft", "rl")]
         line = ax.plot(*zip(*pts, strict=True), marker="o", label=f"seed {r['seed']}")[0]
-        ax.scatter([0], [r["random"]], marker="x", color=line.get_color())
-        ax.scatter([pts[-1][0]], [r["control"]], marker="s", color=line.get_color())
-    ax.set_xlabel("RL iteration (0 = SFT checkpoint; x = random model; square = control)")
+        c = line.get_color()
+        ax.scatter([0], [r["random"]], marker="x", color=c)
+        ax.scatter([pts[-1][0]], [r["control"]], marker="s", color=c)
+        if r.get("measured"):  # the after-run measurements, with their standard errors
+            m = r["measured"]
+            ax.errorbar(
+                [0, pts[-1][0]],
+                [m["sft"]["pass_rate"], m["rl"]["pass_rate"]],
+                yerr=[m["sft"]["stderr"], m["rl"]["stderr"]],
+                fmt="D",
+                color=c,
+                capsize=3,
+            )
+    ax.set_xlabel(
+        "RL iteration (line: the run's own evals; diamond: measured after, with std error;\n"
+        "0 = SFT checkpoint; x = random model; square = control)"
+    )
     ax.set_ylabel("held-out pass rate")
     ax.legend()
     fig.savefig(path, dpi=90, bbox_inches="tight")
