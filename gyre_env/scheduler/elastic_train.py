@@ -8,7 +8,9 @@ runs whenever the policy asks for one. Like the synchronous loop, a run starts w
 held-out evaluation of the initial model and the SFT warm start (the synchronous loop's
 own phases, in ``OUT/warm-start/``; skipped with ``sft.trajectories = 0``) and ends with
 the held-out evaluation of the trained weights (``OUT/eval-rl/``), which are written to
-``OUT/model``. Not here (yet): checkpoint/resume of the elastic phase. The run writes
+``OUT/model``. Not here (yet): checkpoint/resume of the elastic phase: an ``OUT`` that
+holds an elastic run's episodes is refused before any work (a second run would collide
+with the first's sessions), while an interrupted warm start resumes. The run writes
 ``store.db``, ``episodes.jsonl``, ``elastic.json`` (steps with their reward, switches
 with phase times, the role timeline, per-cell busy seconds and idle reasons, the
 staleness histogram, the held-out pass rates), ``metrics.jsonl`` (the driver's records:
@@ -101,14 +103,15 @@ def warm_start(cfg: TrainConfig) -> tuple[TrainConfig, list[dict]]:
     )
 
 
-def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None):
+def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resume: bool = False):
     """Warm start, then ``cfg``'s RL phase on ``cells`` elastic cells, then the held-out
-    evaluation; returns the ``ElasticResult``. ``ray``: the cells' trainers are Ray actors
+    evaluation; returns the ``ElasticResult``. ``resume``: continue an interrupted warm
+    start in ``cfg.out`` (the elastic phase itself cannot resume yet: refused). ``ray``: the cells' trainers are Ray actors
     in one placement group (``ray_cells.RayCells``; ``auto``, ``local`` or a cluster
     address, see ``ray_cells.connect``); None: all in this process."""
     from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
-    from gyre_env.proxy.serving import ModelService, ModelServiceConfig
     from gyre_env.engines.tiny import load_tokenizer
+    from gyre_env.proxy.serving import ModelService, ModelServiceConfig
     from gyre_env.scheduler.elastic import CallClock, ElasticConfig, ElasticDriver
     from gyre_env.scheduler.local import LocalCells, LocalCellsConfig
     from gyre_env.scheduler.policy import WaterlevelPolicy
@@ -124,6 +127,7 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None):
     from gyre_env.trajectory.store import TrajectoryStore
 
     cfg.validate()
+    _check_out(cfg.out_dir, resume)
     if ray is not None:  # before any work: a missing extra or cluster fails here
         from gyre_env.scheduler.ray_cells import connect
 
@@ -217,6 +221,37 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None):
         rates = ", ".join(f"{e['phase']} {e['pass_rate']:.3f}" for e in evals)
         print(f"held-out pass rate: {rates}", flush=True)
     return result
+
+
+def _check_out(out, resume: bool) -> None:
+    """Refuse, before any work, an ``out`` whose store already holds an elastic phase's
+    episodes: its sessions would collide with this run's, and that phase cannot resume."""
+    import sqlite3
+
+    from gyre_env.train.config import ConfigError
+
+    db = out / "store.db"
+    started = False
+    if db.is_file():
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            started = con.execute(
+                "SELECT 1 FROM episodes WHERE run LIKE 'elastic.%' LIMIT 1"
+            ).fetchone() is not None  # fmt: skip
+        except sqlite3.DatabaseError as e:
+            raise ConfigError(f"{db}: not a readable trajectory store ({e})") from e
+        finally:
+            con.close()
+    if started:
+        what = "--resume: the elastic phase cannot resume yet" if resume else "refusing to mix runs"
+        raise ConfigError(
+            f"{out} already holds an elastic run's episodes (store.db); {what}. Choose "
+            "another --out (to reuse this run's SFT model: --set "
+            f"model.path='{out / 'warm-start' / 'model-sft'}' --set sft.trajectories=0), "
+            "or delete the folder"
+        )
+    if resume and not (out / "warm-start" / "checkpoints" / "ckpt.pt").is_file():
+        raise ConfigError(f"--resume: no elastic run to continue in {out}")
 
 
 def _metrics_logger(cfg: TrainConfig):

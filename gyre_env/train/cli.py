@@ -65,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.elastic:
             from gyre_env.scheduler.elastic_train import train_elastic
 
-            train_elastic(cfg, cells=args.cells, ray=args.ray)
+            train_elastic(cfg, cells=args.cells, ray=args.ray, resume=args.resume)
             return 0
         from gyre_env.train.loop import train
 
