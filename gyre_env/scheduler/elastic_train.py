@@ -127,6 +127,13 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
     from gyre_env.trajectory.store import TrajectoryStore
 
     cfg.validate()
+    if cfg.backend != "torch":  # the core cell's gradient step runs the HF model's tree forward
+        from gyre_env.train.config import ConfigError
+
+        raise ConfigError(
+            f"backend = {cfg.backend!r}: elastic cells train with the torch backend only "
+            "(for now); drop --backend / set backend = 'torch', or run without --elastic"
+        )
     _check_out(cfg.out_dir, resume)
     if ray is not None:  # before any work: a missing extra or cluster fails here
         from gyre_env.scheduler.ray_cells import connect

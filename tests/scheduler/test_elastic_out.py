@@ -61,3 +61,11 @@ def test_a_synchronous_runs_store_is_not_an_elastic_run(tmp_path):
     _store_with(out, "rl.0000.r0")  # the synchronous loop's sessions do not collide
     _check_out(out, resume=False)
     _check_out(tmp_path / "fresh", resume=False)
+
+
+def test_a_backend_the_cells_cannot_train_is_refused(tmp_path, capsys):
+    # Before: --elastic --backend megatron silently trained the torch backend.
+    assert _main(tmp_path / "run", "--backend", "megatron") == 2
+    err = capsys.readouterr().err
+    assert "backend = 'megatron'" in err and "torch backend only" in err
+    assert not (tmp_path / "run").exists()
