@@ -119,6 +119,8 @@ class _Run:
         ckpt = self.out / "checkpoints" / "ckpt.pt"
         if resume and not ckpt.is_file():
             raise ConfigError(f"--resume: no checkpoint at {ckpt}")
+        if resume:
+            _check_resumable(cfg, self.out / "config.json")
         if not resume and ckpt.is_file():
             raise ConfigError(
                 f"{self.out} already holds a run; pass --resume to continue it or choose "
@@ -482,6 +484,35 @@ class _KeepOpen:
 
     def close(self) -> None:
         """The run closes the store."""
+
+
+def _check_resumable(cfg: TrainConfig, saved_path: Path) -> None:
+    """A checkpoint loads only into the backend and model shape that wrote it: say which
+    differs (before: a raw state_dict error after the model was built)."""
+    if not saved_path.is_file():
+        return
+    try:
+        saved = json.loads(saved_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # an unreadable config.json: the checkpoint itself is what counts
+    now = dataclasses.asdict(cfg)
+    diffs = []
+    for key in ("backend", "model"):
+        was, new = saved.get(key, now[key]), now[key]
+        if isinstance(was, dict) and isinstance(new, dict):
+            diffs += [
+                f"{key}.{k}: {was.get(k)!r} in the run, {new.get(k)!r} now"
+                for k in new
+                if k in was and was[k] != new[k]
+            ]
+        elif was != new:
+            diffs.append(f"{key}: {was!r} in the run, {new!r} now")
+    if diffs:
+        raise ConfigError(
+            f"--resume: {cfg.out_dir}'s checkpoint does not fit these settings ("
+            + "; ".join(diffs)
+            + "). Resume with the run's own settings, or start a new run with another --out"
+        )
 
 
 def evaluate_heldout(cfg: TrainConfig, model: Path, out: Path, phase: str) -> dict:

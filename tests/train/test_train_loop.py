@@ -181,3 +181,24 @@ def test_bad_inputs_fail_before_any_work(tmp_path):
     with pytest.raises(ConfigError, match="another tokenizer .*/elsewhere/other-model"):
         train(_cfg(tmp_path))
     assert not (out / "metrics.jsonl").exists()
+
+
+def test_resume_with_another_backend_or_model_shape_is_named(tmp_path):
+    """A checkpoint loads only into what wrote it; before, --resume --backend megatron on
+    a torch run died in load_state_dict with two pages of parameter names."""
+    import dataclasses
+
+    from gyre_env.train import train
+
+    cfg = _cfg(tmp_path)
+    (cfg.out_dir / "checkpoints").mkdir(parents=True)
+    (cfg.out_dir / "checkpoints" / "ckpt.pt").write_bytes(b"")  # never read: refused first
+    (cfg.out_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    with pytest.raises(ConfigError, match="backend: 'torch' in the run, 'megatron' now"):
+        train(dataclasses.replace(cfg, backend="megatron"), resume=True)
+    wider = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hidden_size=64))
+    with pytest.raises(
+        ConfigError, match=r"fit these settings \(model.hidden_size: 32 in the run, 64 now\)"
+    ):
+        train(wider, resume=True)
+    assert not (cfg.out_dir / "metrics.jsonl").exists()
