@@ -288,9 +288,10 @@ def main(argv=None) -> int:
         f"target RL - SFT >= 0.15 on average and on every seed: "
         f"{'met' if gains.mean() >= 0.15 and gains.min() >= 0.15 else 'NOT met'}"
     )
-    print(
-        f"control (SFT for RL's wall time) - SFT: mean {np.mean([r['control'] - r['sft'] for r in rows]):+.3f}"
-    )
+    ctl = np.array([r["control"] - r["sft"] for r in rows])
+    vs = np.array([r["rl"] - r["control"] for r in rows])
+    print(f"control (SFT for RL's wall time) - SFT: mean {ctl.mean():+.3f}")
+    print(f"RL - control: mean {vs.mean():+.3f}  min {vs.min():+.3f}")
     _plot(rows, out / "pass_rate.png")
     print(f"summary: {out / 'summary.json'}  plot: {out / 'pass_rate.png'}")
     return 0
