@@ -238,6 +238,21 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     out = Path(args.out)
+    if args.eval_attempts < 0:
+        p.error(f"--eval-attempts must be >= 0, got {args.eval_attempts}")
+    for flag, items, needs in (
+        ("--existing", args.existing, ("metrics.jsonl", "checkpoint-sft", "model-sft", "model")),
+        ("--existing-control", args.existing_control, ("metrics.jsonl", "model")),
+    ):
+        for item in items:
+            seed, sep, folder = item.partition("=")
+            if not sep or not seed.lstrip("-").isdigit():
+                p.error(f"{flag} {item!r}: expected SEED=DIR")
+            missing = [n for n in needs if not (Path(folder) / n).exists()]
+            if missing:
+                p.error(
+                    f"{flag} {item}: {folder} is not a finished run ({', '.join(missing)} missing)"
+                )
     if args.table_only:
         rows = [json.loads(f.read_text()) for f in sorted(out.glob("seed*.json"))]
     else:
