@@ -56,9 +56,8 @@ def run_seed(seed: int, args) -> dict:
     base = [*args.set, f"seed={seed}", "logging.tensorboard=false", "schedule.eval_random=true"]
     if args.no_progress:
         base.append("logging.progress=false")
-    existing = dict(item.split("=", 1) for item in args.existing)
-    if str(seed) in existing:  # a finished `gyre train --preset P --seed S` run folder
-        out = Path(existing[str(seed)])
+    if seed in args.existing:  # a finished `gyre train --preset P --seed S` run folder
+        out = args.existing[seed]
         wall_a = None
     else:
         out = Path(args.out) / f"seed{seed}"
@@ -71,9 +70,8 @@ def run_seed(seed: int, args) -> dict:
     secs = _phase_seconds(out)
 
     # The control: run A's SFT checkpoint, SFT continued for as long as A's RL ran.
-    existing_control = dict(item.split("=", 1) for item in args.existing_control)
-    if str(seed) in existing_control:  # a finished control folder of this run A
-        control = Path(existing_control[str(seed)])
+    if seed in args.existing_control:  # a finished control folder of this run A
+        control = args.existing_control[seed]
         wall_c = None
     else:
         control, wall_c = _control(seed, args, base, out, secs)
@@ -155,19 +153,18 @@ def _measure(args, base: list[str], model: Path, out: Path) -> dict:
         overrides=[*base, f"out={str(out)!r}", f"rollout.eval_attempts={args.eval_attempts}"],
     )
     row = evaluate_heldout(cfg, model, out, "measure")
-    per_task: dict[str, list[float]] = {}
+    attempts: dict[str, list[float]] = {}
     for line in (out / "episodes.jsonl").read_text(encoding="utf-8").splitlines():
         ep = json.loads(line)
         if ep["reward_valid"] and ep["score"] is not None:
-            per_task.setdefault(ep["task_id"], []).append(float(ep["score"] >= 1.0))
-    means = np.array([np.mean(v) for v in per_task.values()])
-    se = float(means.std(ddof=1) / np.sqrt(len(means))) if len(means) > 1 else float("nan")
+            attempts.setdefault(ep["task_id"], []).append(float(ep["score"] >= 1.0))
+    per_task = {task: float(np.mean(v)) for task, v in attempts.items()}
     return {
         "pass_rate": row["pass_rate"],
-        "stderr": se,
-        "per_task": {task: float(np.mean(v)) for task, v in per_task.items()},
+        "stderr": _stderr(list(per_task.values())),
+        "per_task": per_task,
         "episodes": row["episodes"],
-        "tasks": len(means),
+        "tasks": len(per_task),
         "seconds": row["time_eval"],
     }
 
@@ -192,10 +189,17 @@ def _rewind_to_sft(folder: Path, cursor_cls, sft_lr: float) -> None:
 PHASES = ("random", "sft", "rl", "control")
 
 
+def _stderr(values) -> float:
+    """Standard error of the mean of ``values`` (nan for fewer than two)."""
+    v = np.asarray(values, dtype=float)
+    return float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
+
+
 def _paired_se(a: dict, b: dict) -> float:
     """Standard error of a - b over the held-out tasks both measured (paired by task)."""
-    d = np.array([a["per_task"][t] - b["per_task"][t] for t in a["per_task"] if t in b["per_task"]])
-    return float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+    return _stderr(
+        [a["per_task"][t] - b["per_task"][t] for t in a["per_task"] if t in b["per_task"]]
+    )
 
 
 def _fmt(x) -> str:
@@ -240,11 +244,12 @@ def main(argv=None) -> int:
     out = Path(args.out)
     if args.eval_attempts < 0:
         p.error(f"--eval-attempts must be >= 0, got {args.eval_attempts}")
-    for flag, items, needs in (
-        ("--existing", args.existing, ("metrics.jsonl", "checkpoint-sft", "model-sft", "model")),
-        ("--existing-control", args.existing_control, ("metrics.jsonl", "model")),
+    for flag, attr, needs in (
+        ("--existing", "existing", ("metrics.jsonl", "checkpoint-sft", "model-sft", "model")),
+        ("--existing-control", "existing_control", ("metrics.jsonl", "model")),
     ):
-        for item in items:
+        folders = {}  # parsed once here: SEED -> folder
+        for item in getattr(args, attr):
             seed, sep, folder = item.partition("=")
             if not sep or not seed.lstrip("-").isdigit():
                 p.error(f"{flag} {item!r}: expected SEED=DIR")
@@ -253,6 +258,8 @@ def main(argv=None) -> int:
                 p.error(
                     f"{flag} {item}: {folder} is not a finished run ({', '.join(missing)} missing)"
                 )
+            folders[int(seed)] = Path(folder)
+        setattr(args, attr, folders)
     if args.table_only:
         rows = [json.loads(f.read_text()) for f in sorted(out.glob("seed*.json"))]
     else:

@@ -28,6 +28,9 @@ from dataclasses import dataclass
 
 from gyre_env.train.config import TrainConfig
 
+RUN_PREFIX = "elastic."
+"""The store's run of the elastic phase's group N is ``elastic.NNNNN``."""
+
 
 @dataclass
 class EpisodeGroup:
@@ -59,7 +62,7 @@ class EpisodeWorkload:
         cfg = self.cfg
         with self._lock:
             task = self.tasks[int(self._rng.integers(len(self.tasks)))]
-        tag = f"elastic.{index:05d}"
+        tag = f"{RUN_PREFIX}{index:05d}"
         stats = run_episodes(
             service=self.service, agent=self.agent, tasks=[task], env_id=cfg.tasks.env_id,
             group_size=cfg.rollout.group_size, run=tag, store=self.store,
@@ -106,9 +109,10 @@ def warm_start(cfg: TrainConfig) -> tuple[TrainConfig, list[dict]]:
 def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resume: bool = False):
     """Warm start, then ``cfg``'s RL phase on ``cells`` elastic cells, then the held-out
     evaluation; returns the ``ElasticResult``. ``resume``: continue an interrupted warm
-    start in ``cfg.out`` (the elastic phase itself cannot resume yet: refused). ``ray``: the cells' trainers are Ray actors
-    in one placement group (``ray_cells.RayCells``; ``auto``, ``local`` or a cluster
-    address, see ``ray_cells.connect``); None: all in this process."""
+    start in ``cfg.out`` (the elastic phase itself cannot resume yet: refused). ``ray``:
+    the cells' trainers are Ray actors in one placement group (``ray_cells.RayCells``;
+    ``auto``, ``local`` or a cluster address, see ``ray_cells.connect``); None: all in
+    this process."""
     from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
     from gyre_env.engines.tiny import load_tokenizer
     from gyre_env.proxy.serving import ModelService, ModelServiceConfig
@@ -243,7 +247,7 @@ def _check_out(out, resume: bool) -> None:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
             started = con.execute(
-                "SELECT 1 FROM episodes WHERE run LIKE 'elastic.%' LIMIT 1"
+                "SELECT 1 FROM episodes WHERE run LIKE ? LIMIT 1", (f"{RUN_PREFIX}%",)
             ).fetchone() is not None  # fmt: skip
         except sqlite3.DatabaseError as e:
             raise ConfigError(f"{db}: not a readable trajectory store ({e})") from e

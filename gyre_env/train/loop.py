@@ -117,11 +117,11 @@ class _Run:
         self.cfg, self.resume = cfg, resume
         self.out = cfg.out_dir
         ckpt = self.out / "checkpoints" / "ckpt.pt"
-        if resume and not ckpt.is_file():
-            raise ConfigError(f"--resume: no checkpoint at {ckpt}")
         if resume:
+            if not ckpt.is_file():
+                raise ConfigError(f"--resume: no checkpoint at {ckpt}")
             _check_resumable(cfg, self.out / "config.json")
-        if not resume and ckpt.is_file():
+        elif ckpt.is_file():
             raise ConfigError(
                 f"{self.out} already holds a run; pass --resume to continue it or choose "
                 "another --out"
