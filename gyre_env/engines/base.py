@@ -60,6 +60,9 @@ class TokenChunk:
     logprobs: list[float]
     finish_reason: str | None = None
     weight_version: int = 0
+    queued_s: float | None = None
+    """On the first chunk, from engines that know: seconds the request waited in the
+    engine for a batch slot before its prefill began (None: not reported)."""
 
 
 @runtime_checkable

@@ -132,6 +132,9 @@ class _Request:
     decode_s: float = 0.0
     kv: tuple | None = None
     """Migrated in: (keys, values) of ``prompt_ids + output_ids[:-1]``, joined at admission."""
+    accepted: float = field(default_factory=time.perf_counter)
+    queued_s: float | None = None
+    """Seconds from acceptance to the first admission into the batch."""
 
 
 _LOAD_LOCK = threading.Lock()
@@ -523,6 +526,8 @@ class EmbeddedEngine:
 
     def _admit(self, req: _Request) -> None:
         """Start a request: prefill it, or let its migrated KV join the batch."""
+        if req.queued_s is None:
+            req.queued_s = time.perf_counter() - req.accepted
         if req.kv is None:
             self._prefill(req)
             return
@@ -613,8 +618,9 @@ class EmbeddedEngine:
         if finish is not None:
             req.decode_s = time.perf_counter() - req.decode_started
         chunk = TokenChunk(
-            ids=[token], logprobs=[logprob], finish_reason=finish, weight_version=req.weight_version
-        )
+            ids=[token], logprobs=[logprob], finish_reason=finish, weight_version=req.weight_version,
+            queued_s=req.queued_s if len(req.output_ids) == 1 else None,
+        )  # fmt: skip
         self._post(req, chunk)
         if finish is not None:
             self._post(req, _DONE)

@@ -313,6 +313,7 @@ class ProxyCore:
             finish_reason=finish,
             timings={
                 "queue": trace.queue_s,
+                "engine_queue": trace.engine_queue_s,
                 "prefill": trace.first_token_s,
                 "decode": max(trace.engine_s - trace.first_token_s, 0.0),
                 "render": prep.render_s,

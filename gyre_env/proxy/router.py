@@ -67,6 +67,9 @@ class RouteTrace:
     """Seconds from the (last) engine call to its first chunk."""
     engine_s: float = 0.0
     """Seconds from the (last) engine call to its last chunk."""
+    engine_queue_s: float = 0.0
+    """Seconds the engine held the call for a batch slot before its prefill (part of
+    ``first_token_s``; from engines that report it on their first chunk, else 0)."""
     weight_versions: list[int] = field(default_factory=list)
 
 
@@ -217,6 +220,7 @@ class Router:
             async for chunk in stream:
                 if not trace.first_token_s:
                     trace.first_token_s = time.monotonic() - started
+                    trace.engine_queue_s = chunk.queued_s or 0.0
                 produced.extend(chunk.ids)
                 trace.engine_s = time.monotonic() - started
                 if chunk.finish_reason == "abort":  # paused mid-request: continue later

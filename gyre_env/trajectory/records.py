@@ -63,7 +63,10 @@ class CallRecord:
     finish_reason: str = "stop"
     """``stop`` | ``length`` | ``tool_calls`` | ``error``."""
     timings: dict = field(default_factory=dict)
-    """Seconds spent queued, in prefill and in decode: ``{"queue", "prefill", "decode"}``."""
+    """Seconds of the call: ``queue`` (waiting for a replica in the proxy),
+    ``engine_queue`` (waiting in the engine for a batch slot: part of ``prefill``, from
+    engines that report it), ``prefill`` (engine call to first token), ``decode``,
+    ``render`` and ``total``."""
     replica: str = ""
     """Which engine replica served the call (and retries, if any)."""
     api: str = "openai"

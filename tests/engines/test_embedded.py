@@ -560,3 +560,24 @@ def test_new_weights_drop_the_prefix_cache(tiny_path, prompts):
         assert asyncio.run(engine.health())["prefix_cache"]["entries"] == 0
     finally:
         engine.close()
+
+
+def test_the_wait_for_a_batch_slot_is_reported_on_the_first_chunk(tiny_path, prompts):
+    engine = EmbeddedEngine(model_path=str(tiny_path), max_batch_size=1)  # the rest queue
+    params = SamplingParams(max_new_tokens=30, temperature=0)
+
+    async def chunks(prompt):
+        return [c async for c in engine.stream(prompt, params)]
+
+    async def scenario():
+        return await asyncio.gather(chunks(prompts[0]), chunks(prompts[1]))
+
+    try:
+        first, second = asyncio.run(scenario())
+    finally:
+        engine.close()
+    for stream in (first, second):
+        assert stream[0].queued_s is not None and stream[0].queued_s >= 0
+        assert all(c.queued_s is None for c in stream[1:])
+    # the second waited while the first generated its 30 tokens
+    assert second[0].queued_s > first[0].queued_s
