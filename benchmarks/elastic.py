@@ -65,6 +65,8 @@ def run_one(name, make_policy, args, model_dir, tokenizer) -> dict:
             config=config, clock=book.clock, costs=pool.costs,
         )  # fmt: skip
         result = driver.run()
+    if args.trace_out:
+        _write_trace(args, name, policy, cells_cfg, config, workload, result)
     wall = result.wall_s  # start to the last step (the groups still running are dropped)
     lag_tokens = sum(result.staleness.values())
     mean_lag = sum(k * v for k, v in result.staleness.items()) / lag_tokens if lag_tokens else 0.0
@@ -80,6 +82,46 @@ def run_one(name, make_policy, args, model_dir, tokenizer) -> dict:
         "groups": result.groups_run,
         "cells": [result.cell_fractions(i) for i in range(2)],
     }
+
+
+def _write_trace(args, name, policy, cells_cfg, config, workload, result) -> None:
+    """The run as the simulator's input (``gyre_env.scheduler.trace.load_elastic_trace``):
+    its shape, every finished group's calls and tool waits, its steps and switches, and
+    the measured wall time (kept apart, for checking the prediction)."""
+    import dataclasses
+    import json
+    import time
+    from pathlib import Path
+
+    from gyre_env.scheduler.elastic import switch_values
+
+    params = {
+        f.name: getattr(policy, f.name)
+        for f in dataclasses.fields(policy)
+        if not f.name.startswith("_") and f.name not in ("name", "params")
+    }
+    trace = {
+        "format": "gyre-elastic-trace/1",
+        "policy": policy.name,
+        "policy_params": params,
+        "label": name,
+        "cells": cells_cfg.cells,
+        "max_batch_size": cells_cfg.max_batch_size,
+        "switch_prior_s": cells_cfg.switch_prior_s,
+        "config": dataclasses.asdict(config),
+        "group_size": args.group_size,
+        # the run's zero on the clock the calls' start times use (time.time())
+        "t0": result.t0 + (time.time() - time.monotonic()),
+        "wall_s": result.wall_s,
+        "groups": workload.trace,
+        "steps": [{k: v for k, v in m.items() if k != "staleness"} for m in result.steps],
+        "switches": [switch_values(r, result.t0) for r in result.switches],
+        "busy": [result.busy_fraction(i) for i in range(cells_cfg.cells)],
+        "idle": result.idle_fraction(),
+    }
+    folder = Path(args.trace_out) / name.replace(" ", "").replace("+", "-")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "elastic-trace.json").write_text(json.dumps(trace), encoding="utf-8")
 
 
 def _cell_line(f: dict) -> str:
@@ -115,6 +157,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--staleness", type=int, default=2)
     parser.add_argument("--switch-prior", type=float, default=0.1)
     parser.add_argument("--only", nargs="*", help="policy names to run")
+    parser.add_argument(
+        "--trace-out", default=None,
+        help="write each policy's run as simulator input to DIR/<policy>/elastic-trace.json "
+        "(predict them with benchmarks/simulator_validation.py DIR/*)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.slots is None:
         args.slots = (args.staleness + 2) * args.groups_per_step
@@ -148,6 +195,11 @@ def main(argv: list[str] | None = None) -> None:
         best = min((r for r in rows if r["policy"] != "waterlevel"), key=lambda r: r["wall_s"])
         ratio = best["wall_s"] / by["waterlevel"]["wall_s"]
         print(f"waterlevel vs best peer ({best['policy']}): {ratio:.2f}x throughput")
+    if args.trace_out:
+        print(
+            f"traces in {args.trace_out}; simulate them: "
+            f"python benchmarks/simulator_validation.py {args.trace_out}/*"
+        )
 
 
 if __name__ == "__main__":

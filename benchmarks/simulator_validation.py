@@ -1,39 +1,47 @@
-"""Predicted vs measured wall time of real ``gyre train`` runs (issue 12's validation).
+"""Predicted vs measured wall time of real runs (issue 12's validation).
 
     python benchmarks/simulator_validation.py RUN_DIR [RUN_DIR ...]
 
-Each run folder's synchronous RL iterations are simulated from the run's own inputs (per
-call and per tool timings, optimizer step times, the run's shape) with the colocated
-synchronous policy, the one ``gyre train`` really runs, three ways: replaying the
-measured call times, pricing calls with the cell model fitted to them, and drawing fresh
-episodes from distributions fitted to the trace. Measured: the iterations' wall time from
-metrics.jsonl (held-out evaluations between iterations excluded). Prints every pair.
+A ``gyre train`` run folder: its synchronous RL iterations are simulated from the run's
+own inputs (per call and per tool timings, optimizer step times, the run's shape) with
+the colocated synchronous policy, the one ``gyre train`` really runs. A folder of
+``benchmarks/elastic.py --trace-out`` (``elastic-trace.json``): the elastic run on real
+cells is simulated with the policy it ran (colocated, static split or waterlevel) from its
+calls, tool waits, steps and switches. Each three ways: replaying the measured call times,
+pricing calls with the cell model fitted to them, and drawing fresh episodes from
+distributions fitted to the trace. Measured: the iterations' wall time from metrics.jsonl
+(held-out evaluations between iterations excluded), or the elastic run's start to its
+last step. Prints every pair.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from gyre_env.scheduler.elastic_trace import TRACE_FILE, validate_elastic
 from gyre_env.scheduler.trace import validate_run
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="gyre train run folders")
+    parser.add_argument("runs", nargs="+", help="gyre train run folders, or elastic trace folders")
     parser.add_argument("--fitted-seeds", type=int, default=3)
     parser.add_argument("--tolerance", type=float, default=0.15)
     args = parser.parse_args(argv)
     print(
-        f"{'run':<24}{'mode':<16}{'policy':<11}{'iters':>6}{'predicted s':>13}"
+        f"{'run':<24}{'mode':<16}{'policy':<13}{'steps':>6}{'predicted s':>13}"
         f"{'measured s':>12}{'error':>9}"
     )
     worst = 0.0
     for folder in args.runs:
-        for v in validate_run(folder, args.fitted_seeds):
+        elastic = (Path(folder) / TRACE_FILE).is_file()
+        validate = validate_elastic if elastic else validate_run
+        for v in validate(folder, args.fitted_seeds):
             worst = max(worst, abs(v.error))
             print(
-                f"{folder[-24:]:<24}{v.mode:<16}{v.policy:<11}{v.iterations:>6}"
+                f"{folder[-24:]:<24}{v.mode:<16}{v.policy:<13}{v.iterations:>6}"
                 f"{v.predicted_s:>13.1f}{v.measured_s:>12.1f}{100 * v.error:>8.1f}%"
             )
     print(f"worst |error| {100 * worst:.1f}% (target <= {100 * args.tolerance:.0f}%)")

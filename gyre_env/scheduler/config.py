@@ -68,6 +68,9 @@ class CellConfig:
     """TRAINING -> ROLLOUT (offload trainer, resume engine with the newest weights)."""
     switch_jitter: float = 0.1
     """Log-space spread of measured switch times around the values above."""
+    switch_prior_s: float | None = None
+    """The policies' switch-cost estimate (both directions) before any switch is measured;
+    None: the switch times above (a real driver starts from its configured prior)."""
     weight_sync_s: float | None = None
     """Time to publish new weights after a step; None: ``weight_gb / sync_gb_per_s``."""
     weight_gb: float = 15.0

@@ -407,6 +407,7 @@ class ElasticDriver:
         return future
 
     def _train(self, training: list[Cell], groups: list) -> dict:
+        started = self._now()
         units = self.workload.units(groups)
         core = self.cells[0]
         sats = [c for c in training if c is not core]
@@ -425,8 +426,13 @@ class ElasticDriver:
             **metrics,
             "step": version,
             "groups": len(groups),
+            "group_index": [getattr(g, "index", None) for g in groups],
             "cells": sorted(c.id for c in training),
             "staleness": lags,
+            # the whole step as its cells spend it (packing, satellite sync, the optimizer
+            # step, publishing), seconds since the run's start
+            "started_s": started,
+            "ended_s": self._now(),
         }
 
     def _count_lag(self, units: list) -> dict[int, int]:

@@ -111,8 +111,10 @@ class Simulation:
         """``step_cells`` as a set, and the observation's ``in_step`` (None: to build)."""
         self._in_step_flags: tuple | None = None
         self.step_groups: list = []
+        prior = c.switch_prior_s
         self.switch_costs = SwitchCosts(
-            to_training_s=c.switch_to_training_s, to_rollout_s=c.switch_to_rollout_s
+            to_training_s=c.switch_to_training_s if prior is None else prior,
+            to_rollout_s=c.switch_to_rollout_s if prior is None else prior,
         )
         self.call_s_mean = 1.0
         self.stats = dict(switches=0, migrations=0, rdma=0, dropped=0, filtered=0)
@@ -493,7 +495,9 @@ class Simulation:
         self._serving = rollout & ~sw
         self._n_serving = int(np.count_nonzero(self._serving))
         each = self._cap_each
-        self._cap_r = each * self._n_serving if each is not None else int(self.cap[self._serving].sum())
+        self._cap_r = (
+            each * self._n_serving if each is not None else int(self.cap[self._serving].sum())
+        )
         self._n_switching = int(np.count_nonzero(sw))
         self._n_training = len(sw) - self._n_serving - self._n_switching
         self._obs_cells = None

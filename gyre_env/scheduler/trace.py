@@ -73,14 +73,16 @@ def _store_calls(folder: Path) -> dict[str, list[dict]]:
     for session, prompt_len, n_out, meta in rows:
         m = json.loads(meta)
         tm = m.get("timings", {})
+        total = float(tm.get("total", 0.0))
         out.setdefault(session, []).append(
             dict(
                 new=max(int(prompt_len) - int(m.get("prefix_len") or 0), 0),
                 out=int(n_out),
-                total=float(tm.get("total", 0.0)),
+                total=total,
                 prefill=float(tm.get("prefill", 0.0)),
                 decode=float(tm.get("decode", 0.0)),
-                end=float(m.get("created", 0.0)),
+                # ``created`` is when the proxy took the request (time.time())
+                end=float(m.get("created", 0.0)) + total,
             )
         )
     return out
@@ -174,17 +176,23 @@ def _iteration_walls(metrics: list[dict]) -> list[float]:
     return out
 
 
-def _call_table(store: dict[str, list[dict]]) -> np.ndarray | None:
+def _call_table(store: dict[str, list[dict]], by: str | None = None) -> np.ndarray | None:
+    """[n, 5] rows of the calls (see ``RunTrace.calls``); ``by``: the key naming the engine
+    a call ran on, so that calls in flight are counted per engine (else all together)."""
     calls = [c for cs in store.values() for c in cs]
     if not calls:
         return None
+    in_flight = np.zeros(len(calls), np.int64)
+    keys = np.array([str(c.get(by)) if by else "" for c in calls])
     ends = np.array([c["end"] for c in calls])
     starts = ends - np.array([c["total"] for c in calls])
-    order_s, order_e = np.sort(starts), np.sort(ends)
-    # calls in flight at each call's start (itself included)
-    in_flight = np.searchsorted(order_s, starts, "right") - np.searchsorted(
-        order_e, starts, "right"
-    )
+    for key in np.unique(keys):
+        m = keys == key
+        order_s, order_e = np.sort(starts[m]), np.sort(ends[m])
+        # calls in flight at each call's start (itself included)
+        in_flight[m] = np.searchsorted(order_s, starts[m], "right") - np.searchsorted(
+            order_e, starts[m], "right"
+        )
     return np.array(
         [
             [c["new"], c["out"], c["prefill"], c["decode"], f]
@@ -194,20 +202,25 @@ def _call_table(store: dict[str, list[dict]]) -> np.ndarray | None:
     )
 
 
+def _fit_calls(c: np.ndarray | None) -> tuple[float, float, float]:
+    """(prefill tokens/s, decode tokens/s of a lone request, batch slowdown) by least
+    squares on a call table (defaults without calls)."""
+    if c is None or not len(c):
+        return 20000.0, 60.0, 0.0
+    prefill_tps = max(c[:, 0].sum() / max(c[:, 2].sum(), 1e-9), 1.0)
+    ok = c[:, 1] > 0
+    per_token = c[ok, 3] / c[ok, 1]  # decode seconds per output token
+    a, b = np.linalg.lstsq(np.c_[np.ones(ok.sum()), c[ok, 4] - 1], per_token, rcond=None)[0]
+    a = max(a, 1e-6)
+    return float(prefill_tps), 1.0 / a, max(b / a, 0.0)
+
+
 def fit_cells(trace: RunTrace) -> CellConfig:
     """One cell priced from the trace: the engine's prefill rate and per-request decode rate
     against its batch (least squares on the calls), the training rate and step overhead
     (least squares on the iterations' steps), the weight push time. No switch cost: the
     synchronous CPU loop keeps its engine loaded while it trains."""
-    prefill_tps, decode_tps, slowdown = 20000.0, 60.0, 0.0
-    c = trace.calls
-    if c is not None and len(c):
-        prefill_tps = max(c[:, 0].sum() / max(c[:, 2].sum(), 1e-9), 1.0)
-        ok = c[:, 1] > 0
-        per_token = c[ok, 3] / c[ok, 1]  # decode seconds per output token
-        a, b = np.linalg.lstsq(np.c_[np.ones(ok.sum()), c[ok, 4] - 1], per_token, rcond=None)[0]
-        a = max(a, 1e-6)
-        decode_tps, slowdown = 1.0 / a, max(b / a, 0.0)
+    prefill_tps, decode_tps, slowdown = _fit_calls(trace.calls)
     tps, overhead = _fit_training(trace.step_tokens)
     return CellConfig(
         count=1,
@@ -265,13 +278,17 @@ def trace_config(trace: RunTrace, *, seed: int = 0) -> SimConfig:
 
 
 def _fit(values: list[float], **kw) -> Dist:
-    """A lognormal body fitted to ``values`` (log-mean and log-std of the positive ones);
-    zeros are kept as a point mass only when they are the majority (then: constant 0)."""
+    """A lognormal body fitted to ``values`` (log-mean and log-std of the positive ones),
+    clipped to the range they span (a capped quantity, such as output tokens under
+    ``max_tokens``, stays under its cap); zeros are kept as a point mass only when they
+    are the majority (then: constant 0)."""
     x = np.asarray(values, dtype=np.float64)
     pos = x[x > 0]
     if len(pos) < max(1, len(x) // 2):
         return Dist(median=0.0)
     logs = np.log(pos)
+    kw = {"min": float(pos.min()), "max": float(pos.max())} | kw
+    kw["min"] = min(kw["min"], float(pos.min()))
     return Dist(median=float(np.exp(logs.mean())), sigma=float(logs.std()), **kw)
 
 

@@ -6,7 +6,9 @@ by an injected ``tool_delay_s`` sleep (a tool that waits: on a CPU machine a rea
 would compete with the cells for the cores, and the measurement is about scheduling).
 Its reward is the share of even token ids it sampled (a signal the policy can learn, so
 advantages are not all zero). Records come from the proxy's sink (:class:`RecordBook`);
-a finished group is its token tree, trained on as packed units.
+a finished group is its token tree, trained on as packed units. Each finished group's
+calls and tool waits are kept as plain numbers (``trace``) for the simulator to replay
+(:func:`gyre_env.scheduler.trace.load_elastic_trace`).
 """
 
 from __future__ import annotations
@@ -85,6 +87,11 @@ class ToolLoopWorkload:
         self.base_url, self.book = base_url, book
         self.config = config or ToolLoopConfig()
         self._stop = threading.Event()
+        self.trace: list[dict] = []
+        """Per finished group: ``index``, ``start`` and ``end`` (``time.time()``) and per
+        episode its calls (``new`` prompt tokens past the cached prefix, ``out`` tokens,
+        ``start``, the record's ``queue`` / ``engine_queue`` / ``prefill`` / ``decode`` /
+        ``total`` seconds and the serving ``replica``) and ``tool_s`` (each call's injected tool wait)."""
 
     def stop(self) -> None:
         """The run is over: episodes end at their next model or tool call."""
@@ -101,14 +108,15 @@ class ToolLoopWorkload:
     def run_group(self, index: int) -> Group:
         from gyre_env.trajectory.tree import EpisodeInfo, build_trees
 
-        t0 = time.monotonic()
+        t0, started = time.monotonic(), time.time()
         sessions = [f"g{index}.e{k}" for k in range(self.config.group_size)]
         asyncio.run(self._episodes(sessions))
         if self._stop.is_set():  # cut short: not a group to train on
             return Group(index, [], wall_s=time.monotonic() - t0)
-        records, infos, rewards = [], [], []
+        records, infos, rewards, episodes = [], [], [], []
         for s in sessions:
             recs = self.book.take(s)
+            episodes.append(self._trace_episode(s, recs))
             ids = [t for r in recs for t in r.output_ids]
             reward = sum(t % 2 == 0 for t in ids) / max(len(ids), 1)
             rewards.append(reward)
@@ -118,7 +126,26 @@ class ToolLoopWorkload:
             )
         trees = build_trees(records, infos)
         tokens = sum(len(r.prompt_ids) + len(r.output_ids) for r in records)
+        self.trace.append(dict(index=index, start=started, end=time.time(), episodes=episodes))
         return Group(index, trees, rewards, tokens, time.monotonic() - t0)
+
+    def _trace_episode(self, session: str, records: list) -> dict:
+        calls = [
+            dict(
+                new=len(r.prompt_ids) - int(r.prefix_len or 0),
+                out=len(r.output_ids),
+                start=float(r.created),
+                queue=float(r.timings.get("queue", 0.0)),
+                engine_queue=float(r.timings.get("engine_queue", 0.0)),
+                prefill=float(r.timings.get("prefill", 0.0)),
+                decode=float(r.timings.get("decode", 0.0)),
+                total=float(r.timings.get("total", 0.0)),
+                replica=r.replica,
+            )
+            for r in sorted(records, key=lambda r: r.call_index)
+        ]
+        tool = [self.tool_delay(session, turn) for turn in range(len(calls))]
+        return dict(session=session, calls=calls, tool_s=tool)
 
     async def _episodes(self, sessions: list[str]) -> None:
         import httpx

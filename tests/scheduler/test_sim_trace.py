@@ -59,7 +59,7 @@ def make_run(folder, seed=0):
                     "trace": [{"tool": "run", "seconds": t["tool"], "after_call": 0},
                               {"tool": "submit", "seconds": t["scoring"], "after_call": 0}],
                 })  # fmt: skip
-                meta = {"prefix_len": 0, "created": start + t["setup"] + t["model"],
+                meta = {"prefix_len": 0, "created": start + t["setup"],
                         "timings": {"total": t["model"], "prefill": 0.1 * t["model"],
                                     "decode": 0.9 * t["model"]}}  # fmt: skip
                 db.execute(
