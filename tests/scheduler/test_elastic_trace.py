@@ -1,0 +1,118 @@
+"""A real elastic run on two cells (``benchmarks/elastic.py --trace-out``, tiny sizes) as
+simulator input: the trace holds what the run did, the simulator replays it with the
+policy the run ran, and ``benchmarks/simulator_validation.py`` prints predicted against
+measured for each policy. The fits are checked on synthetic numbers with known answers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gyre_env.scheduler.elastic_trace import (
+    _fit_steps,
+    elastic_config,
+    fit_elastic_cells,
+    load_elastic_trace,
+    make_policy,
+    validate_elastic,
+)
+from gyre_env.scheduler.trace import _fit
+from gyre_env.scheduler.workload import draw
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = {"colocated": "colocated", "static_split": "static1-1", "waterlevel": "waterlevel"}
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    out = tmp_path_factory.mktemp("elastic-traces")
+    args = ["--steps", "2", "--groups-per-step", "1", "--group-size", "2", "--turns", "2",
+            "--max-tokens", "16", "--tool-delay", "0.2", "--trace-out", str(out)]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "elastic.py"), *args],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("policy", sorted(FOLDERS))
+def test_the_trace_holds_what_the_run_did(traces, policy):
+    folder = traces / FOLDERS[policy]
+    raw = json.loads((folder / "elastic-trace.json").read_text())
+    trace = load_elastic_trace(folder)
+    assert trace.policy == policy and trace.cells == 2 and trace.steps == 2
+    assert len(trace.step_rows) == 2 and all(tok > 0 and s > 0 for tok, _, s in trace.step_rows)
+    assert len(trace.groups) == len(raw["groups"]) >= 2
+    for group in trace.groups:
+        assert len(group) == 2
+        for ep in group:
+            assert len(ep.output) == len(ep.call_s) == len(ep.tool_s) == 2
+            assert all(0 < s for s in ep.call_s) and all(t >= 0.1 for t in ep.tool_s)
+    calls = [c for g in raw["groups"] for e in g["episodes"] for c in e["calls"]]
+    assert all({"engine_queue", "replica"} <= c.keys() for c in calls)
+    served = [s for g in trace.groups for e in g for s in e.call_s]
+    assert sum(served) <= sum(c["total"] for c in calls) + 1e-9
+    assert sum(len(v) for v in trace.switches.values()) == len(raw["switches"])
+
+
+@pytest.mark.parametrize("policy", sorted(FOLDERS))
+def test_the_simulator_replays_the_run_with_its_policy(traces, policy):
+    rows = validate_elastic(traces / FOLDERS[policy], fitted_seeds=1)
+    assert [r.mode for r in rows] == ["replay", "cell-model", "fitted seed 0"]
+    for r in rows:
+        assert r.policy == policy and r.iterations == 2
+        # a sanity bound: the measured figures at benchmark size are in the README
+        assert abs(r.error) < 0.5, r
+
+
+def test_the_validation_script_takes_trace_folders(traces):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "simulator_validation.py"),
+         str(traces / "waterlevel"), "--fitted-seeds", "1"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "waterlevel" in done.stdout and "worst |error|" in done.stdout
+
+
+def test_the_fitted_cells_take_the_runs_switch_times_and_prior(traces):
+    trace = load_elastic_trace(traces / "colocated")
+    cells = fit_elastic_cells(trace)
+    assert cells.switch_to_training_s == pytest.approx(np.mean(trace.switches["TRAINING"]))
+    assert cells.switch_to_rollout_s == pytest.approx(np.mean(trace.switches["ROLLOUT"]))
+    assert cells.switch_prior_s == trace.switch_prior_s and cells.max_concurrent == 16
+    cfg = elastic_config(trace)
+    assert cfg.max_steps == 2 and cfg.workload.max_concurrent_episodes == trace.agent_slots * 2
+
+
+def test_step_fit_recovers_rate_efficiency_and_overhead():
+    rate, eff, overhead = 1000.0, 0.8, 0.3
+    rows = [(tok, n, tok / (rate * n * (eff if n > 1 else 1.0)) + overhead)
+            for tok, n in [(500, 1), (2000, 1), (800, 2), (3000, 2), (1200, 1)]]  # fmt: skip
+    got = _fit_steps(rows)
+    assert got == pytest.approx((rate, eff, overhead), rel=1e-6)
+    # one cell count: no efficiency to fit
+    assert _fit_steps([r for r in rows if r[1] == 1]) == pytest.approx((rate, 1.0, overhead))
+
+
+def test_a_fitted_distribution_stays_in_the_range_it_was_fitted_on():
+    capped = np.minimum(np.random.default_rng(0).lognormal(np.log(50), 0.6, 400), 64)
+    dist = _fit(list(capped), min=1.0)
+    drawn = draw(dist, np.random.default_rng(1), 20000)
+    assert drawn.max() <= 64 and drawn.min() >= 1.0
+
+
+def test_an_unknown_policy_or_file_is_named(tmp_path):
+    with pytest.raises(ValueError, match="unknown policy 'verl'"):
+        make_policy("verl", {})
+    with pytest.raises(FileNotFoundError, match="no elastic-trace.json"):
+        load_elastic_trace(tmp_path)
+    (tmp_path / "elastic-trace.json").write_text('{"format": "other"}')
+    with pytest.raises(ValueError, match="not a gyre-elastic-trace/1 file"):
+        load_elastic_trace(tmp_path)
