@@ -33,6 +33,13 @@ Idle reasons (the simulator's names): a ROLLOUT cell with nothing in flight is i
 group runs, ``out_of_routing`` while paused or excluded by the router (a stale cell being
 synced); a TRAINING cell outside the running step is idle ``step_elsewhere`` while a step
 runs without it (it arrived after the step began) and ``no_batch`` otherwise.
+
+Resume: ``on_step(driver)`` is called after every step (a checkpoint takes
+:meth:`ElasticDriver.state` and the core trainer's state there), and a driver built with
+``start=DriverState`` continues that run: its steps so far, its group counts, the groups
+that had finished but were not yet trained on (queued for the next steps), and new groups
+numbered from ``next_index`` (a stored run's group tags never repeat). The groups running
+at the stop are not recovered: the policy admits new ones in their place.
 """
 
 from __future__ import annotations
@@ -102,6 +109,21 @@ class ElasticConfig:
     profile_dir: str | None = None
     """Write a PyTorch profiler trace (and, with CUDA, a memory snapshot) of every switch
     here (``elastic_profile``); None: off."""
+
+
+@dataclass(kw_only=True)
+class DriverState:
+    """Where an elastic run stands between two steps (what a checkpoint keeps)."""
+
+    steps: list[dict] = field(default_factory=list)
+    """The step metrics so far (the run continues until ``ElasticConfig.steps``)."""
+    groups_trained: int = 0
+    """Groups trained on or discarded (the policies' counts)."""
+    groups_discarded: int = 0
+    ready: list = field(default_factory=list)
+    """Finished groups not yet trained on."""
+    next_index: int = 0
+    """The index the next admitted group gets (``Workload.run_group(index)``)."""
 
 
 class CallClock:
@@ -191,12 +213,16 @@ class ElasticDriver:
         costs: SwitchCosts | None = None,
         metrics=None,
         core=None,
+        start: DriverState | None = None,
+        on_step: Callable[[ElasticDriver], None] | None = None,
     ):
         """``call(coro, timeout=...)`` runs a coroutine on the proxy's loop and waits
         (``ProxyServer.call``); ``router``: the proxy's router; ``metrics``: a sink with
         ``log(kind, values)`` for the records listed in the module docstring; ``core``: the
         optimizer step (default ``CoreStep`` over the cells' trainers in this process;
-        ``ray_cells.RayCoreStep`` for trainers that are Ray actors)."""
+        ``ray_cells.RayCoreStep`` for trainers that are Ray actors); ``start``: the state
+        of the run to continue (see the module docstring); ``on_step(driver)``: called in
+        the driver's thread after each step, before the next decision."""
         self.cells, self.policy, self.workload = list(cells), policy, workload
         self.call, self.router = call, router
         self.config = config or ElasticConfig()
@@ -220,6 +246,19 @@ class ElasticDriver:
         self._running = 0
         self._ready: list = []
         self._started = self._trained = self._discarded = 0
+        self._index_base = 0
+        """Workload index of the session's first group (``DriverState.next_index``)."""
+        self.on_step = on_step
+        if start is not None:
+            self.result.steps = list(start.steps)
+            self._ready = list(start.ready)
+            self._trained, self._discarded = start.groups_trained, start.groups_discarded
+            # the policies count groups started; only those trained or ready still exist
+            self._started = self._trained + len(self._ready)
+            self._index_base = start.next_index - self._started
+            resumed = getattr(policy, "resumed", None)
+            if resumed is not None:
+                resumed(self.result.steps, self.config.groups_per_step)
         self._ended = False
         self._step: concurrent.futures.Future | None = None
         self._step_cells: set[int] = set()
@@ -251,17 +290,26 @@ class ElasticDriver:
         self._last = 0.0
         with concurrent.futures.ThreadPoolExecutor(cfg.agent_slots, "gyre-agents") as agents:
             self._agents = agents
-            while len(self.result.steps) < cfg.steps:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"elastic run: {len(self.result.steps)} of {cfg.steps} steps after {cfg.timeout_s:g}s"
-                    )
-                self._reap()
-                self._last = self._account(self._last)
-                self._apply(self.policy.decide(self.observe()))
-                self._beat()
-                self._wake.wait(cfg.decision_interval_s)
-                self._wake.clear()
+            try:
+                while len(self.result.steps) < cfg.steps:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"elastic run: {len(self.result.steps)} of {cfg.steps} steps after {cfg.timeout_s:g}s"
+                        )
+                    self._reap()
+                    self._last = self._account(self._last)
+                    self._apply(self.policy.decide(self.observe()))
+                    self._beat()
+                    self._wake.wait(cfg.decision_interval_s)
+                    self._wake.clear()
+            except BaseException:  # Ctrl-C, an error: start nothing more, end what runs
+                with self._lock:
+                    self._pending.clear()
+                    self._ended = True
+                stop = getattr(self.workload, "stop", None)
+                if stop is not None:
+                    stop()
+                raise
             with self._lock:
                 self._pending.clear()  # admitted but not started: not run
                 self._ended = True  # groups finishing from now on are dropped
@@ -275,6 +323,15 @@ class ElasticDriver:
 
     def _now(self) -> float:
         return time.monotonic() - self._t0
+
+    def state(self) -> DriverState:
+        """The run as a checkpoint keeps it (call between steps: ``on_step``)."""
+        with self._lock:
+            return DriverState(
+                steps=list(self.result.steps), groups_trained=self._trained,
+                groups_discarded=self._discarded, ready=list(self._ready),
+                next_index=self._started + self._index_base,
+            )  # fmt: skip
 
     def observe(self) -> Observation:
         """The cells as the policy sees them now."""
@@ -357,7 +414,7 @@ class ElasticDriver:
             self._pending.remove(index)
             self._running += 1
         try:
-            group = self.workload.run_group(index)
+            group = self.workload.run_group(index + self._index_base)
         finally:
             with self._lock:
                 self._running -= 1
@@ -466,6 +523,8 @@ class ElasticDriver:
             self._trained += metrics["groups"]
             self.result.steps.append(metrics)
             self._log_step(metrics)
+            if self.on_step is not None:
+                self.on_step(self)
             log.info(
                 "step %d on cells %s: loss %.4f", metrics["step"], metrics["cells"], metrics["loss"]
             )

@@ -8,9 +8,14 @@ runs whenever the policy asks for one. Like the synchronous loop, a run starts w
 held-out evaluation of the initial model and the SFT warm start (the synchronous loop's
 own phases, in ``OUT/warm-start/``; skipped with ``sft.trajectories = 0``) and ends with
 the held-out evaluation of the trained weights (``OUT/eval-rl/``), which are written to
-``OUT/model``. Not here (yet): checkpoint/resume of the elastic phase: an ``OUT`` that
-holds an elastic run's episodes is refused before any work (a second run would collide
-with the first's sessions), while an interrupted warm start resumes. The run writes
+``OUT/model``. The elastic phase checkpoints every ``schedule.checkpoint_every`` steps
+(``OUT/checkpoints/elastic.pt``: the core trainer's model, optimizer and version, the
+driver's :class:`~gyre_env.scheduler.elastic.DriverState`, the task sampler's state);
+``--resume`` continues from there (Ctrl-C, a crash): the weights and optimizer state of
+the last checkpoint, its finished groups not yet trained on, new groups numbered after
+every group the store holds. Without ``--resume`` an ``OUT`` that holds an elastic run's
+episodes is refused before any work (a second run would collide with the first's
+sessions). Not resumable yet: a run whose trainers are Ray actors. The run writes
 ``store.db``, ``episodes.jsonl``, ``elastic.json`` (steps with their reward, switches
 with phase times, the role timeline, per-cell busy seconds and idle reasons, the
 staleness histogram, the held-out pass rates), ``metrics.jsonl`` (the driver's records:
@@ -30,6 +35,8 @@ from gyre_env.train.config import TrainConfig
 
 RUN_PREFIX = "elastic."
 """The store's run of the elastic phase's group N is ``elastic.NNNNN``."""
+CHECKPOINT = "elastic.pt"
+"""The elastic phase's checkpoint, in ``OUT/checkpoints``."""
 
 
 @dataclass
@@ -108,15 +115,16 @@ def warm_start(cfg: TrainConfig) -> tuple[TrainConfig, list[dict]]:
 
 def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resume: bool = False):
     """Warm start, then ``cfg``'s RL phase on ``cells`` elastic cells, then the held-out
-    evaluation; returns the ``ElasticResult``. ``resume``: continue an interrupted warm
-    start in ``cfg.out`` (the elastic phase itself cannot resume yet: refused). ``ray``:
+    evaluation; returns the ``ElasticResult`` (None when interrupted: the last checkpoint
+    stands). ``resume``: continue the run in ``cfg.out`` (its warm start, or its elastic
+    phase from the last checkpoint; see the module docstring). ``ray``:
     the cells' trainers are Ray actors in one placement group (``ray_cells.RayCells``;
     ``auto``, ``local`` or a cluster address, see ``ray_cells.connect``); None: all in
     this process."""
     from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
     from gyre_env.engines.tiny import load_tokenizer
     from gyre_env.proxy.serving import ModelService, ModelServiceConfig
-    from gyre_env.scheduler.elastic import CallClock, ElasticConfig, ElasticDriver
+    from gyre_env.scheduler.elastic import CallClock, DriverState, ElasticConfig, ElasticDriver
     from gyre_env.scheduler.local import LocalCells, LocalCellsConfig
     from gyre_env.scheduler.policy import WaterlevelPolicy
     from gyre_env.train.loop import (
@@ -139,6 +147,13 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
             "(for now); drop --backend / set backend = 'torch', or run without --elastic"
         )
     _check_out(cfg.out_dir, resume)
+    if resume and ray is not None and (cfg.out_dir / "checkpoints" / CHECKPOINT).is_file():
+        from gyre_env.train.config import ConfigError
+
+        raise ConfigError(
+            "--resume --ray: the elastic phase resumes only with its trainers in this "
+            "process (for now); resume without --ray"
+        )
     if ray is not None:  # before any work: a missing extra or cluster fails here
         from gyre_env.scheduler.ray_cells import connect
 
@@ -146,6 +161,9 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
     out = cfg.out_dir
     out.mkdir(parents=True, exist_ok=True)
     cfg, evals = warm_start(cfg)
+    ckpt_dir = out / "checkpoints"
+    saved = _load_checkpoint(cfg, ckpt_dir) if resume else None
+    _write_config(cfg)
     model_dir = prepare_model(cfg)
     train_pool, _ = load_tasks(cfg)
     _, rl_tasks = split_pool(cfg, train_pool)
@@ -187,9 +205,14 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
         )
         pool = RayCells(model_dir, tokenizer, cells_config, service_factory=service, ray=group)
     t0 = time.monotonic()
+    interrupted = False
     try:
         pool.open()
         workload = EpisodeWorkload(cfg, pool.service, store, rl_tasks, agent)
+        start = _restore(pool, workload, saved, out / "store.db") if saved is not None else None
+        if start is None and resume:  # stopped before its first checkpoint: start over,
+            stored = _stored_groups(out / "store.db")  # numbering after what is stored
+            start = DriverState(next_index=max(stored) + 1) if stored else None
         sched = cfg.schedule
         config = ElasticConfig(
             steps=sched.iterations * sched.optimizer_steps,
@@ -200,16 +223,28 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
         driver = ElasticDriver(
             pool.cells, WaterlevelPolicy(), workload, call=pool.proxy.call,
             router=pool.proxy.core.router, config=config, clock=clock, costs=pool.costs,
-            metrics=logger, core=getattr(pool, "core", None),
+            metrics=logger, core=getattr(pool, "core", None), start=start,
+            on_step=_checkpointer(cfg, ckpt_dir, pool, workload, config.steps),
         )  # fmt: skip
-        result = driver.run()
-        _export_newest(pool, tokenizer, out / "model")
+        try:
+            result = driver.run()
+        except KeyboardInterrupt:
+            interrupted = True
+        else:
+            _export_newest(pool, tokenizer, out / "model")
     except BaseException:
         logger.close()
         raise
     finally:
         pool.close()
         store.close()
+    if interrupted:
+        logger.close()
+        done = len(driver.state().steps)
+        where = ckpt_dir / CHECKPOINT
+        kept = f"the last checkpoint ({where})" if where.is_file() else "no checkpoint yet"
+        print(f"interrupted after {done} steps; {kept}; continue with --resume", flush=True)
+        return None
     try:
         if cfg.tasks.heldout_count:
             evals.append(evaluate_heldout(cfg, out / "model", out / "eval-rl", "rl"))
@@ -234,9 +269,99 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
     return result
 
 
+def _checkpointer(cfg: TrainConfig, folder, pool, workload, steps: int):
+    """``on_step`` for the driver: a checkpoint every ``schedule.checkpoint_every`` steps
+    and after the last one."""
+    every = max(1, cfg.schedule.checkpoint_every)
+
+    def on_step(driver) -> None:
+        state = driver.state()
+        if len(state.steps) % every and len(state.steps) < steps:
+            return
+        _save_checkpoint(folder, pool.cells[0].trainer, driver.core.version, state, workload)
+
+    return on_step
+
+
+def _save_checkpoint(folder, trainer, version: int, state, workload) -> None:
+    import dataclasses
+
+    import torch
+
+    from gyre_env.train.checkpoint import _atomic_write
+
+    folder.mkdir(parents=True, exist_ok=True)
+    data = {
+        "trainer": trainer.state_dict(),
+        "version": version,
+        "driver": dataclasses.asdict(state),
+        "tasks_rng": workload._rng.bit_generator.state,
+    }
+    _atomic_write(folder / CHECKPOINT, lambda p: torch.save(data, p))
+
+
+def _load_checkpoint(cfg: TrainConfig, folder) -> dict | None:
+    """The elastic checkpoint (None: the phase had not checkpointed); a checkpoint written
+    under another backend or model shape is refused naming the difference."""
+    import torch
+
+    from gyre_env.train.loop import _check_resumable
+
+    path = folder / CHECKPOINT
+    if not path.is_file():
+        return None
+    _check_resumable(cfg, cfg.out_dir / "config.json")
+    return torch.load(path, weights_only=False)
+
+
+def _write_config(cfg: TrainConfig) -> None:
+    """The elastic phase's effective settings (after the warm start) as ``OUT/config.json``
+    (what a resume is checked against)."""
+    import dataclasses
+
+    path = cfg.out_dir / "config.json"
+    path.write_text(json.dumps(dataclasses.asdict(cfg), indent=1, default=str), encoding="utf-8")
+
+
+def _restore(pool, workload, saved: dict, db):
+    """Load a checkpoint into the open pool: the core trainer's state, its weights on the
+    board and in every engine; returns the driver's start, new groups numbered after the
+    last one the store holds (those run after the checkpoint included)."""
+    from gyre_env.scheduler.elastic import DriverState
+
+    pool.load_core(saved["trainer"], int(saved["version"]))
+    workload._rng.bit_generator.state = saved["tasks_rng"]
+    d = saved["driver"]
+    ready = [EpisodeGroup(**g) for g in d["ready"]]
+    stored = _stored_groups(db)
+    return DriverState(
+        steps=d["steps"], groups_trained=d["groups_trained"],
+        groups_discarded=d["groups_discarded"], ready=ready,
+        next_index=max([d["next_index"], *(i + 1 for i in stored)]),
+    )  # fmt: skip
+
+
+def _stored_groups(db) -> list[int]:
+    """Indices of the elastic groups ``store.db`` holds anything of: a finished episode,
+    or a call of one cut short."""
+    import re
+    import sqlite3
+
+    pattern = re.compile(rf"^{re.escape(RUN_PREFIX)}(\d+)")
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        names = con.execute(
+            "SELECT run FROM episodes WHERE run LIKE ? UNION SELECT session FROM calls "
+            "WHERE session LIKE ?", (f"{RUN_PREFIX}%", f"{RUN_PREFIX}%"),
+        ).fetchall()  # fmt: skip
+    finally:
+        con.close()
+    return [int(m[1]) for (name,) in names if (m := pattern.match(name))]
+
+
 def _check_out(out, resume: bool) -> None:
     """Refuse, before any work, an ``out`` whose store already holds an elastic phase's
-    episodes: its sessions would collide with this run's, and that phase cannot resume."""
+    episodes unless the run is resumed: its sessions would collide with this run's."""
     import sqlite3
 
     from gyre_env.train.config import ConfigError
@@ -253,15 +378,18 @@ def _check_out(out, resume: bool) -> None:
             raise ConfigError(f"{db}: not a readable trajectory store ({e})") from e
         finally:
             con.close()
-    if started:
-        what = "--resume: the elastic phase cannot resume yet" if resume else "refusing to mix runs"
+    if started and not resume:
         raise ConfigError(
-            f"{out} already holds an elastic run's episodes (store.db); {what}. Choose "
-            "another --out (to reuse this run's SFT model: --set "
-            f"model.path='{out / 'warm-start' / 'model-sft'}' --set sft.trajectories=0), "
-            "or delete the folder"
+            f"{out} already holds an elastic run's episodes (store.db); refusing to mix "
+            "runs. Continue it with --resume, choose another --out (to reuse this run's "
+            f"SFT model: --set model.path='{out / 'warm-start' / 'model-sft'}' --set "
+            "sft.trajectories=0), or delete the folder"
         )
-    if resume and not (out / "warm-start" / "checkpoints" / "ckpt.pt").is_file():
+    if resume and not (
+        started
+        or (out / "warm-start" / "checkpoints" / "ckpt.pt").is_file()
+        or (out / "checkpoints" / CHECKPOINT).is_file()
+    ):
         raise ConfigError(f"--resume: no elastic run to continue in {out}")
 
 

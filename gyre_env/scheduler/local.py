@@ -96,6 +96,21 @@ class LocalCells:
             self.proxy.call(cell.prepare())
         return self
 
+    def load_core(self, trainer_state: dict, version: int) -> None:
+        """Continue from a checkpoint (after :meth:`open`): the core trainer takes
+        ``trainer_state`` (model, optimizer, version), its weights are published at
+        ``version`` and every serving engine loads them; satellites pull them at their
+        next step, a training cell's engine when it goes back to rollout."""
+        from gyre_env.scheduler.policy import Role
+
+        core = self.cells[0]
+        core.trainer.load_state_dict(trainer_state)
+        self.board.publish(version, dict(core.trainer.named_parameters()))
+        core.trainer_version = version
+        for cell in self.cells:
+            if cell.role is Role.ROLLOUT:
+                self.proxy.call(cell.sync_engine(), timeout=600)
+
     def close(self) -> None:
         if self.service is not None:
             self.service.stop()

@@ -191,6 +191,11 @@ class Policy(Protocol):
 
     def decide(self, obs: Observation) -> Decision: ...
 
+    # optional: ``initial_roles(n) -> list[Role]``: the cells' roles at the start;
+    # ``resumed(steps, groups_per_step)``: a run continues after ``steps`` (the step
+    # metrics of the driver's ``DriverState``), so that bookkeeping the policy keeps about
+    # earlier steps is restored
+
 
 def staleness_admits(obs: Observation, eta: int, extra: int = 0) -> int:
     """Groups the AReaL-style bound admits now: the groups started, less those filtered out
@@ -290,6 +295,10 @@ class WaterlevelPolicy:
             old = self._cell_rate
             self._cell_rate = rate if old is None else 0.5 * (old + rate)
         self._step = None  # (or the driver did not start it)
+
+    def resumed(self, steps: list[dict], groups_per_step: int) -> None:
+        """A resumed run: the groups its steps took beyond one batch each count again."""
+        self._grown = sum(max(0, int(s.get("groups", 0)) - groups_per_step) for s in steps)
 
     def admits(self, obs: Observation) -> int:
         """Groups to admit: :func:`staleness_admits`, plus the groups grown steps took

@@ -65,8 +65,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.elastic:
             from gyre_env.scheduler.elastic_train import train_elastic
 
-            train_elastic(cfg, cells=args.cells, ray=args.ray, resume=args.resume)
-            return 0
+            result = train_elastic(cfg, cells=args.cells, ray=args.ray, resume=args.resume)
+            return 130 if result is None else 0
         from gyre_env.train.loop import train
 
         summary = train(cfg, resume=args.resume)

@@ -678,7 +678,12 @@ def _read_evals(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-    return [r for r in rows if r.get("kind") == "eval"]
+    # the rows as they were logged (a record's own ``kind`` and ``time`` are not part of it)
+    return [
+        {k: v for k, v in r.items() if k not in ("kind", "time")}
+        for r in rows
+        if r.get("kind") == "eval"
+    ]
 
 
 def _bar(total: int, desc: str, enabled: bool, initial: int = 0):

@@ -159,3 +159,63 @@ def test_ray_without_the_extra_names_the_install(monkeypatch, capsys):
     argv = ["train", "--preset", "cpu-demo", "--elastic", "--cells", "2", "--ray", "auto"]
     assert main(argv) == 2
     assert "pip install 'gyre-env[ray]'" in capsys.readouterr().err
+
+
+def test_a_run_continues_from_its_state_and_core_checkpoint(tiny_path, tokenizer):
+    """Stopped after step 2 of 4 (the state and the core trainer's checkpoint taken at its
+    ``on_step``), a new pool continues it: steps 3 and 4 on the restored weights and
+    optimizer state, its finished-but-untrained groups trained, new groups numbered after
+    the first run's."""
+    from gyre_env.scheduler.elastic import DriverState
+
+    def run(steps, start=None, saved=None):
+        book, kept = RecordBook(), {}
+
+        def on_step(driver):
+            if len(driver.result.steps) == 2 and saved is None:
+                kept["state"] = driver.state()
+                kept["trainer"] = driver.cells[0].trainer.state_dict()
+                kept["version"] = driver.core.version
+
+        with LocalCells(
+            tiny_path, tokenizer, LocalCellsConfig(cells=2, max_batch_size=8, switch_prior_s=0.05),
+            sink=book,
+        ).open() as pool:  # fmt: skip
+            if saved is not None:
+                pool.load_core(saved["trainer"], saved["version"])
+                assert pool.cells[1].engine.weight_version == saved["version"]
+            workload = ToolLoopWorkload(
+                pool.proxy.openai_base_url, book,
+                ToolLoopConfig(group_size=2, turns=2, tool_delay_s=0.2),
+            )  # fmt: skip
+            if start is not None:  # a group that had finished when the run stopped
+                start.ready.append(workload.run_group(start.next_index))
+                start.next_index += 1
+            driver = ElasticDriver(
+                pool.cells, WaterlevelPolicy(), workload, call=pool.proxy.call,
+                router=pool.proxy.core.router, clock=book.clock, costs=pool.costs,
+                config=ElasticConfig(steps=steps, groups_per_step=1, agent_slots=3, timeout_s=120),
+                start=start, on_step=on_step,
+            )  # fmt: skip
+            result = driver.run()
+            return result, kept, [g["index"] for g in workload.trace], pool.cells[0].trainer
+
+    first, kept, first_groups, _ = run(2)
+    state = kept["state"]
+    assert isinstance(state, DriverState) and len(state.steps) == 2 and kept["version"] == 2
+    assert state.next_index > max(first_groups)
+    start = DriverState(
+        steps=state.steps, groups_trained=state.groups_trained,
+        groups_discarded=state.groups_discarded, ready=list(state.ready),
+        next_index=state.next_index,
+    )  # fmt: skip
+    second, _, second_groups, trainer = run(4, start=start, saved=kept)
+    carried = state.next_index  # the ready group's index
+    assert [s["step"] for s in second.steps] == [1, 2, 3, 4]
+    assert second.steps[:2] == state.steps
+    assert min(set(second_groups) - {carried}) > carried, "a group's index came again"
+    trained_again = [i for s in second.steps[2:] for i in s["group_index"]]
+    assert trained_again[0] == carried, "the ready group was not trained on first"
+    # the optimizer went on from the checkpoint's state: 4 steps' worth of Adam moments
+    steps_seen = {int(v["step"]) for v in trainer.optimizer.state_dict()["state"].values()}
+    assert steps_seen == {4}

@@ -39,3 +39,44 @@ def test_gyre_train_elastic_switches_roles_and_trains(tmp_path, capsys):
     assert [e["phase"] for e in data["evals"]] == ["random", "sft", "rl"]
     assert (out / "warm-start" / "model-sft").is_dir() and (out / "model").is_dir()
     assert all(e["episodes"] == 2 for e in data["evals"])
+
+
+def test_gyre_train_elastic_resumes_after_ctrl_c(tmp_path, capsys, monkeypatch):
+    """Ctrl-C right after the checkpoint of step 2 (of 4): exit 130, saying so; ``--resume``
+    goes on from there to step 4 with new groups (no session stored twice) and ends with
+    the held-out evaluations; a resume under another model shape is refused by name."""
+    from gyre_env.cli import main
+    from gyre_env.scheduler import elastic_train
+
+    real = elastic_train._checkpointer
+
+    def interrupting(*args):
+        on_step = real(*args)
+
+        def step(driver):
+            on_step(driver)
+            if len(driver.result.steps) == 2:
+                raise KeyboardInterrupt
+
+        return step
+
+    out = tmp_path / "run"
+    sets = [a for kv in TINY for a in ("--set", kv)]
+    argv = ["train", "--preset", "cpu-demo", "--elastic", "--cells", "2", "--out", str(out),
+            "--iterations", "2", "--no-progress", *sets]  # fmt: skip
+    monkeypatch.setattr(elastic_train, "_checkpointer", interrupting)
+    assert main(argv) == 130
+    assert "interrupted after 2 steps; the last checkpoint" in capsys.readouterr().out
+    assert (out / "checkpoints" / "elastic.pt").is_file() and not (out / "elastic.json").exists()
+    monkeypatch.setattr(elastic_train, "_checkpointer", real)
+
+    assert main([*argv, "--resume", "--set", "model.num_layers=2"]) == 2
+    assert "model.num_layers: 1 in the run, 2 now" in capsys.readouterr().err
+
+    assert main([*argv, "--resume"]) == 0
+    data = json.loads((out / "elastic.json").read_text())
+    assert [s["step"] for s in data["steps"]] == [1, 2, 3, 4]
+    before = {i for s in data["steps"][:2] for i in s["group_index"]}
+    after = {i for s in data["steps"][2:] for i in s["group_index"]}
+    assert after and min(after) > max(before)
+    assert [e["phase"] for e in data["evals"]] == ["random", "sft", "rl"]
