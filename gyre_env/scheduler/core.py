@@ -100,7 +100,10 @@ def split_units(units: Sequence, shares: int) -> list[list]:
 
 
 class CoreStep:
-    """One optimizer step over the core trainer and in-process satellite trainers."""
+    """One optimizer step over the core trainer and in-process satellite trainers: the
+    torch backend through :func:`accumulate` / :func:`apply_step`, a backend that keeps
+    its own gradient buffers (Megatron's DDP: ``main_grad``) through its
+    ``zero_grads`` / ``accumulate_grads`` / ``grad_buffers`` / ``apply_grads``."""
 
     def __init__(self, core_trainer, *, version: int = 0):
         self.core = core_trainer
@@ -125,13 +128,28 @@ class CoreStep:
             for t, s in zip(trainers, shares, strict=True)
         )
         norm = max(norm, 1.0)
-        self.core.optimizer.zero_grad(set_to_none=True)
+        buffered = hasattr(self.core, "grad_buffers")  # a backend with its own grad buffers
+        if buffered:
+            for t in {id(t): t for t in (self.core, *trainers)}.values():
+                t.zero_grads()
+        else:
+            self.core.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "tokens": 0.0}
         for trainer, share in zip(trainers, shares, strict=True):
-            part = accumulate(trainer, share, kind, norm, self.version)
+            if buffered:
+                part = trainer.accumulate_grads(share, kind, norm, self.version)
+            else:
+                part = accumulate(trainer, share, kind, norm, self.version)
             sums = {k: sums[k] + part[k] for k in sums}
         with torch.no_grad():
             for sat in (t for t in trainers if t is not self.core):
+                if buffered:
+                    for mine, theirs in zip(
+                        self.core.grad_buffers(), sat.grad_buffers(), strict=True
+                    ):
+                        mine += theirs
+                        theirs.zero_()
+                    continue
                 for mine, theirs in zip(
                     self.core.model.parameters(), sat.model.parameters(), strict=True
                 ):
@@ -142,7 +160,7 @@ class CoreStep:
                     else:
                         mine.grad += theirs.grad
                     theirs.grad = None
-        metrics = apply_step(self.core)
+        metrics = self.core.apply_grads() if buffered else apply_step(self.core)
         self.version += 1
         seconds = time.perf_counter() - t0
         return {

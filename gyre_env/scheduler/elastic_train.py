@@ -15,7 +15,9 @@ driver's :class:`~gyre_env.scheduler.elastic.DriverState`, the task sampler's st
 the last checkpoint, its finished groups not yet trained on, new groups numbered after
 every group the store holds. Without ``--resume`` an ``OUT`` that holds an elastic run's
 episodes is refused before any work (a second run would collide with the first's
-sessions). Not resumable yet: a run whose trainers are Ray actors. The run writes
+sessions). Not resumable yet: a run whose trainers are Ray actors. With ``backend =
+"megatron"`` every cell's trainer is megatron-core (the core sums the satellites' grad
+buffers; not on Ray yet). The run writes
 ``store.db``, ``episodes.jsonl``, ``elastic.json`` (steps with their reward, switches
 with phase times, the role timeline, per-cell busy seconds and idle reasons, the
 staleness histogram, the held-out pass rates), ``metrics.jsonl`` (the driver's records:
@@ -139,12 +141,12 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
     from gyre_env.trajectory.store import TrajectoryStore
 
     cfg.validate()
-    if cfg.backend != "torch":  # the core cell's gradient step runs the HF model's tree forward
+    if cfg.backend != "torch" and ray is not None:  # a rank actor builds a torch trainer
         from gyre_env.train.config import ConfigError
 
         raise ConfigError(
-            f"backend = {cfg.backend!r}: elastic cells train with the torch backend only "
-            "(for now); drop --backend / set backend = 'torch', or run without --elastic"
+            f"backend = {cfg.backend!r} with --ray: the Ray ranks train with the torch "
+            "backend only (for now); run the Megatron cells without --ray"
         )
     _check_out(cfg.out_dir, resume)
     if resume and ray is not None and (cfg.out_dir / "checkpoints" / CHECKPOINT).is_file():
@@ -189,9 +191,12 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
         cells=cells, max_batch_size=max(r.parallel, 1), context_length=cfg.model.context_length
     )
     if ray is None:
+        trainer_class = TorchTrainer
+        if cfg.backend == "megatron":
+            from gyre_env.trainers.megatron import MegatronTrainer as trainer_class
         pool = LocalCells(
             model_dir, tokenizer, cells_config, service_factory=service,
-            trainer_factory=lambda d: TorchTrainer(d, cfg.optim_config(), cfg.loss_config()),
+            trainer_factory=lambda d: trainer_class(d, cfg.optim_config(), cfg.loss_config()),
         )  # fmt: skip
     else:
         import ray as ray_module

@@ -59,9 +59,8 @@ def test_a_synchronous_runs_store_is_not_an_elastic_run(tmp_path):
     _check_out(tmp_path / "fresh", resume=False)
 
 
-def test_a_backend_the_cells_cannot_train_is_refused(tmp_path, capsys):
-    # Before: --elastic --backend megatron silently trained the torch backend.
-    assert _main(tmp_path / "run", "--backend", "megatron") == 2
+def test_megatron_cells_on_ray_are_refused(tmp_path, capsys):
+    # the Ray rank actors build torch trainers: megatron there would train torch silently
+    assert _main(tmp_path / "run", "--backend", "megatron", "--ray", "local") == 2
     err = capsys.readouterr().err
-    assert "backend = 'megatron'" in err and "torch backend only" in err
-    assert not (tmp_path / "run").exists()
+    assert "backend = 'megatron' with --ray" in err and "without --ray" in err

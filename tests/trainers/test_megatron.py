@@ -187,6 +187,43 @@ def test_three_train_steps_equal_the_torch_backend(megatron_world, model_dir, lo
     assert moved > 10 * TOL and meg.version == 3  # the steps did change the weights
 
 
+@pytest.mark.parametrize("loss", [LossConfig(policy_loss="decoupled", entropy_coef=0.01), None])
+def test_a_core_cell_and_a_satellite_step_as_one_train_step(megatron_world, model_dir, loss):
+    """The elastic core cell on the Megatron backend: the core and a satellite each take
+    a share of the batch into their grad buffers, the core sums them and steps: the
+    weights equal one ``train_step`` over the whole batch (and the torch core's)."""
+    from gyre_env.trainers.megatron import MegatronTrainer, MegatronTrainerConfig
+
+    from gyre_env.scheduler.core import CoreStep
+
+    rng = np.random.default_rng(5)
+    kind = "rl" if loss else "sft"
+    loss = loss or LossConfig()
+    common = dict(lr=3e-3, warmup_steps=2, device="cpu", grad_clip=0.01)
+    whole = MegatronTrainer(model_dir, MegatronTrainerConfig(**common), loss)
+    core = MegatronTrainer(model_dir, MegatronTrainerConfig(**common), loss)
+    satellite = MegatronTrainer(model_dir, MegatronTrainerConfig(**common), loss)
+    torch_core, torch_sat = (_trainers(model_dir, loss, grad_clip=0.01)[0] for _ in range(2))
+    step, torch_step = CoreStep(core), CoreStep(torch_core)
+    for _ in range(2):
+        b = _batch(_group(rng) + _group(rng), kind=kind, budget=250)
+        assert len(b.units) >= 2  # a share each
+        want = whole.train_step(b)
+        got = step.step(b.units, [satellite], kind)
+        torch_step.step(b.units, [torch_sat], kind)
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-6)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+        satellite.load_named_parameters(dict(core.named_parameters()))  # pulls the version
+        torch_sat.load_named_parameters(dict(torch_core.named_parameters()))
+    want, got = dict(whole.named_parameters()), dict(core.named_parameters())
+    worst = max(float((want[k] - got[k]).abs().max()) for k in want)
+    torch_w = dict(torch_core.named_parameters())
+    worst_torch = max(float((torch_w[k] - got[k]).abs().max()) for k in want)
+    print(f"core + satellite vs one step: {worst:.3e}; vs the torch core: {worst_torch:.3e}")
+    assert worst <= TOL and worst_torch <= TOL and step.version == 2
+    assert not any(p.abs().sum() for p in satellite.grad_buffers()), "handed to the core"
+
+
 def _served(model_dir):
     from transformers import AutoModelForCausalLM
 

@@ -241,7 +241,50 @@ class MegatronTrainer:
         self.optimizer.step()
         return grad_norm
 
-    def _microbatch(self, packed, t: dict, rl: bool, agg: str, normalizer: float):
+    # ---- the elastic core cell (gyre_env.scheduler.core.CoreStep) ----------------------
+    def zero_grads(self) -> None:
+        """Zero the gradient buffers (megatron's DDP keeps them in ``main_grad``)."""
+        self.ddp.zero_grad_buffer()
+        if self.optimizer is not None:
+            self.optimizer.zero_grad()
+
+    def accumulate_grads(self, units, kind: str, normalizer: float, version: int) -> dict:
+        """Forward and backward over ``units`` into the gradient buffers (not zeroed
+        first), the loss normalized by ``normalizer`` (the whole step's) at the core's
+        ``version``; the same loss as ``train_step``. Returns the summed loss and tokens."""
+        rl = kind == "rl"
+        if rl and self.loss.kl_coef > 0:
+            raise NotImplementedError("a KL reference model is not supported with satellites yet")
+        if not units:
+            return {"loss": 0.0, "tokens": 0.0}
+        if self._offloaded:
+            raise RuntimeError("the trainer is offloaded; call onload() first")
+        agg = self.loss.aggregation if rl else "token"
+        batch = TrainBatch(units=list(units), kind=kind)
+        with cpu_threads(not self.cuda, self.config.num_threads):
+            tensors = [u.tensors(self.device) for u in batch.units]
+            sums = accumulate(
+                batch, tensors, lambda p, t: self._microbatch(p, t, rl, agg, normalizer, version)
+            )
+        return {"loss": sums["loss"], "tokens": float(batch.num_tokens)}
+
+    def grad_buffers(self) -> list[torch.Tensor]:
+        """The accumulated gradients, one per trainable parameter in model order (what the
+        core sums a satellite's into)."""
+        return [p.main_grad for p in self.model.parameters() if p.requires_grad]
+
+    def apply_grads(self) -> dict:
+        """Clip the accumulated gradients and take the optimizer step (the core's)."""
+        with cpu_threads(not self.cuda, self.config.num_threads):
+            self.ddp.finish_grad_sync()
+            lr = self._lr()
+            grad_norm = self._optimizer_step(lr)
+        self._lr_step += 1
+        return {"grad_norm": grad_norm, "lr": lr}
+
+    def _microbatch(
+        self, packed, t: dict, rl: bool, agg: str, normalizer: float, version: int | None = None
+    ):
         cfg = self.loss
         mask = self._mask(packed)
         extra = {}
@@ -251,8 +294,9 @@ class MegatronTrainer:
             extra["reference"] = self.logprobs(t, mask, model=self.reference)
         temperature = cfg.temperature if rl else 1.0
         lp, ent = tree_logprobs(self.model, t, mask, temperature=temperature, with_entropy=True)
+        version = self._version if version is None else version
         return unit_loss(
-            t, lp, ent, extra, cfg, rl=rl, agg=agg, normalizer=normalizer, version=self._version
+            t, lp, ent, extra, cfg, rl=rl, agg=agg, normalizer=normalizer, version=version
         )
 
     def _mask(self, packed):
