@@ -5,7 +5,11 @@ peer, at several horizons and seeds (issue 12's figures, not tuned on one config
 
 For every (hours, seed): ``compare`` without sweeps (the split policies at their best
 ``k`` of the config's sweep), one table row per policy (stale: episodes dropped past
-the staleness bound), then the ratio.
+the staleness bound), then the ratio. ``idle-free``: the policy's throughput had its cells
+never idled or switched, at the cell time per trained token it ran at (throughput / busy
+fraction); the largest of them over the best peer's throughput is roughly the most any
+policy could gain on that workload, a ceiling for the ratio (an estimate, not a bound: a
+policy that batches better would spend less cell time per token).
 """
 
 from __future__ import annotations
@@ -31,17 +35,26 @@ def main(argv: list[str] | None = None) -> int:
             comp = compare(cfg, sweeps=False)
             print(f"== {cfg.name}: {hours:g} h, seed {seed}")
             print(f"{'policy':<14}{'k':>4}{'Mtok/h':>9}{'samples/h':>11}{'busy R':>8}"
-                  f"{'busy T':>8}{'idle':>7}{'steps':>6}{'stale':>7}")  # fmt: skip
+                  f"{'busy T':>8}{'idle':>7}{'steps':>6}{'stale':>7}{'idle-free':>10}")  # fmt: skip
+            ceiling = 0.0
             for name, r in comp.results.items():
                 b, k = r.busy_fraction(), r.params.get("rollout_cells", "")
+                busy = b["rollout"] + b["training"]
+                free = r.tokens_per_hour / busy if busy > 0 else 0.0
+                ceiling = max(ceiling, free)
                 print(
                     f"{name:<14}{k:>4}{r.tokens_per_hour / 1e6:>9.2f}{r.samples_per_hour:>11.1f}"
                     f"{b['rollout']:>8.3f}{b['training']:>8.3f}{r.idle_fraction():>7.3f}"
-                    f"{r.steps:>6}{r.dropped_stale:>7}"
+                    f"{r.steps:>6}{r.dropped_stale:>7}{free / 1e6:>10.2f}"
                 )
             ratio = comp.waterlevel_ratio()
             if ratio is not None:
-                print(f"waterlevel / best peer ({comp.best_peer()}): {ratio:.3f}", flush=True)
+                best = comp.results[comp.best_peer()].tokens_per_hour
+                print(
+                    f"waterlevel / best peer ({comp.best_peer()}): {ratio:.3f}; "
+                    f"idle-free ceiling / best peer: {ceiling / best:.3f}",
+                    flush=True,
+                )
     return 0
 
 
