@@ -30,19 +30,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fitted-seeds", type=int, default=3)
     parser.add_argument("--tolerance", type=float, default=0.15)
     args = parser.parse_args(argv)
+    for folder in args.runs:  # every folder checked before any work
+        if (Path(folder) / "elastic.json").is_file():
+            parser.error(
+                f"{folder}: a gyre train --elastic run, which is not simulator input yet; "
+                "simulate the elastic benchmark's runs (benchmarks/elastic.py --trace-out)"
+            )
+        if (
+            not (Path(folder) / TRACE_FILE).is_file()
+            and not (Path(folder) / "config.json").is_file()
+        ):
+            parser.error(
+                f"{folder}: neither a gyre train run folder (no config.json) nor an elastic "
+                f"trace folder (no {TRACE_FILE}; benchmarks/elastic.py --trace-out writes them)"
+            )
     print(
         f"{'run':<24}{'mode':<16}{'policy':<13}{'steps':>6}{'predicted s':>13}"
         f"{'measured s':>12}{'error':>9}"
     )
     worst = 0.0
     for folder in args.runs:
-        elastic = (Path(folder) / TRACE_FILE).is_file()
-        validate = validate_elastic if elastic else validate_run
-        for v in validate(folder, args.fitted_seeds):
+        validate = validate_elastic if (Path(folder) / TRACE_FILE).is_file() else validate_run
+        try:
+            rows = validate(folder, args.fitted_seeds)
+        except (OSError, ValueError, KeyError) as e:
+            why = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+            parser.error(f"{folder}: cannot be read as simulator input ({why})")
+        for v in rows:
             worst = max(worst, abs(v.error))
             print(
                 f"{folder[-24:]:<24}{v.mode:<16}{v.policy:<13}{v.iterations:>6}"
-                f"{v.predicted_s:>13.1f}{v.measured_s:>12.1f}{100 * v.error:>8.1f}%"
+                f"{v.predicted_s:>13.1f}{v.measured_s:>12.1f}{100 * v.error:>8.1f}%",
+                flush=True,
             )
     print(f"worst |error| {100 * worst:.1f}% (target <= {100 * args.tolerance:.0f}%)")
     return 0

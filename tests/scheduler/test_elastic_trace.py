@@ -116,3 +116,21 @@ def test_an_unknown_policy_or_file_is_named(tmp_path):
     (tmp_path / "elastic-trace.json").write_text('{"format": "other"}')
     with pytest.raises(ValueError, match="not a gyre-elastic-trace/1 file"):
         load_elastic_trace(tmp_path)
+
+
+def test_the_validation_script_names_a_folder_it_cannot_read(tmp_path):
+    script = str(ROOT / "benchmarks" / "simulator_validation.py")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "elastic-trace.json").write_text('{"format": "x"}')
+    (tmp_path / "elastic-run").mkdir()
+    (tmp_path / "elastic-run" / "elastic.json").write_text("{}")
+    for folder, why in [
+        (tmp_path / "none", "neither a gyre train run folder"),
+        (tmp_path / "bad", "not a gyre-elastic-trace/1 file"),
+        (tmp_path / "elastic-run", "a gyre train --elastic run"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, script, str(folder)], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2 and why in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
