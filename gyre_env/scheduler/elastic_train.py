@@ -229,7 +229,8 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
             pool.cells, WaterlevelPolicy(), workload, call=pool.proxy.call,
             router=pool.proxy.core.router, config=config, clock=clock, costs=pool.costs,
             metrics=logger, core=getattr(pool, "core", None), start=start,
-            on_step=_checkpointer(cfg, ckpt_dir, pool, workload, config.steps),
+            # the Ray ranks' state stays in their actors: no checkpoint (nor resume) yet
+            on_step=None if ray else _checkpointer(cfg, ckpt_dir, pool, workload, config.steps),
         )  # fmt: skip
         try:
             result = driver.run()

@@ -104,3 +104,29 @@ def test_gyre_train_elastic_on_megatron_cells(tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["backend"] == "megatron"
     assert [e["phase"] for e in data["evals"]] == ["random", "sft", "rl"]
     assert (out / "model" / "config.json").is_file()
+
+
+def test_gyre_train_elastic_on_ray_ranks(tmp_path, monkeypatch):
+    """``--ray local``: the trainers are rank actors; the run trains and ends without a
+    checkpoint (the ranks' state stays in their actors: resume is refused there), where it
+    used to fail at its first step asking a rank for its state."""
+    import os
+
+    if not os.environ.get("CI"):
+        pytest.importorskip("ray", reason="the ray extra (pip install gyre-env[ray])")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    from gyre_env.cli import main
+
+    out = tmp_path / "run"
+    sets = [a for kv in TINY for a in ("--set", kv)]
+    argv = ["train", "--preset", "cpu-demo", "--elastic", "--cells", "2", "--ray", "local",
+            "--out", str(out), "--iterations", "1", "--no-progress", *sets]  # fmt: skip
+    try:
+        assert main(argv) == 0
+    finally:
+        import ray
+
+        ray.shutdown()
+    data = json.loads((out / "elastic.json").read_text())
+    assert [s["step"] for s in data["steps"]] == [1, 2]
+    assert not (out / "checkpoints" / "elastic.pt").exists()
