@@ -15,7 +15,7 @@ driver's :class:`~gyre_env.scheduler.elastic.DriverState`, the task sampler's st
 the last checkpoint, its finished groups not yet trained on, new groups numbered after
 every group the store holds. Without ``--resume`` an ``OUT`` that holds an elastic run's
 episodes is refused before any work (a second run would collide with the first's
-sessions). Not resumable yet: a run whose trainers are Ray actors. With ``backend =
+sessions). With Ray the core rank's state comes over from its actor. With ``backend =
 "megatron"`` every cell's trainer is megatron-core (the core sums the satellites' grad
 buffers; not on Ray yet). The run writes
 ``store.db``, ``episodes.jsonl``, ``elastic.json`` (steps with their reward, switches
@@ -149,13 +149,6 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
             "backend only (for now); run the Megatron cells without --ray"
         )
     _check_out(cfg.out_dir, resume)
-    if resume and ray is not None and (cfg.out_dir / "checkpoints" / CHECKPOINT).is_file():
-        from gyre_env.train.config import ConfigError
-
-        raise ConfigError(
-            "--resume --ray: the elastic phase resumes only with its trainers in this "
-            "process (for now); resume without --ray"
-        )
     if ray is not None:  # before any work: a missing extra or cluster fails here
         from gyre_env.scheduler.ray_cells import connect
 
@@ -229,8 +222,7 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
             pool.cells, WaterlevelPolicy(), workload, call=pool.proxy.call,
             router=pool.proxy.core.router, config=config, clock=clock, costs=pool.costs,
             metrics=logger, core=getattr(pool, "core", None), start=start,
-            # the Ray ranks' state stays in their actors: no checkpoint (nor resume) yet
-            on_step=None if ray else _checkpointer(cfg, ckpt_dir, pool, workload, config.steps),
+            on_step=_checkpointer(cfg, ckpt_dir, pool, workload, config.steps),
         )  # fmt: skip
         try:
             result = driver.run()

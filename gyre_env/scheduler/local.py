@@ -101,12 +101,18 @@ class LocalCells:
         ``trainer_state`` (model, optimizer, version), its weights are published at
         ``version`` and every serving engine loads them; satellites pull them at their
         next step, a training cell's engine when it goes back to rollout."""
-        from gyre_env.scheduler.policy import Role
-
         core = self.cells[0]
         core.trainer.load_state_dict(trainer_state)
-        self.board.publish(version, dict(core.trainer.named_parameters()))
-        core.trainer_version = version
+        self.serve_version(version, dict(core.trainer.named_parameters()), cells=[core])
+
+    def serve_version(self, version: int, tensors: dict, cells=None) -> None:
+        """Publish ``tensors`` as ``version`` on the board; the trainers of ``cells``
+        (default: all) hold it already; every serving engine loads it."""
+        from gyre_env.scheduler.policy import Role
+
+        self.board.publish(version, tensors)
+        for cell in self.cells if cells is None else cells:
+            cell.trainer_version = version
         for cell in self.cells:
             if cell.role is Role.ROLLOUT:
                 self.proxy.call(cell.sync_engine(), timeout=600)

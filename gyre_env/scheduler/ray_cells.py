@@ -95,6 +95,19 @@ class _Rank:
     def save_pretrained(self, folder: str) -> str:
         return str(self.group.trainer.save_pretrained(folder))
 
+    def state_dict(self) -> dict:
+        """The trainer's state (the core's holds the only optimizer state)."""
+        return self.group.trainer.state_dict()
+
+    def resume(self, state: dict | None, weights: dict | None, version: int) -> None:
+        """Continue from a checkpoint: the core loads ``state`` (model, optimizer), a
+        satellite the core's ``weights``; every rank counts ``version`` steps taken."""
+        if state is not None:
+            self.group.trainer.load_state_dict(state)
+        else:
+            self.group.trainer.load_named_parameters(weights)
+        self.group.version = self.group.core_version = version
+
     def has_optimizer_state(self) -> bool:
         opt = self.group.trainer.optimizer
         return opt is not None and bool(opt.state)
@@ -205,6 +218,9 @@ class RankTrainer:
         """Written on the rank's node (the same machine in local mode)."""
         return self._call("save_pretrained", str(folder))
 
+    def state_dict(self) -> dict:
+        return self._call("state_dict")
+
 
 class RayCoreStep:
     """The elastic driver's optimizer step on the rank actors (``CoreStep``'s interface):
@@ -260,6 +276,17 @@ class RayCells(LocalCells):
         self.core = RayCoreStep(self.group, version=self.board.version)
         super().open(initial_roles)
         return self
+
+    def load_core(self, trainer_state: dict, version: int) -> None:
+        """``LocalCells.load_core`` on the rank actors: the core rank takes
+        ``trainer_state``, every satellite rank its weights; all count ``version``."""
+        ray, ranks = self.group._ray, self.group.ranks
+        timeout = self.group.config.timeout_s
+        ray.get(ranks[0].resume.remote(trainer_state, None, version), timeout=timeout)
+        weights = ray.get(ranks[0].weights.remote(), timeout=timeout)
+        ray.get([a.resume.remote(None, weights, version) for a in ranks[1:]], timeout=timeout)
+        self.core.version = version
+        self.serve_version(version, weights)
 
     def close(self) -> None:
         try:

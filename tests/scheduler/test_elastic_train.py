@@ -20,6 +20,23 @@ TINY = [
 ]  # fmt: skip
 
 
+def _ctrl_c_after_step(checkpointer, n: int):
+    """``_checkpointer`` whose hook raises KeyboardInterrupt (a Ctrl-C) right after the
+    checkpoint of step ``n``."""
+
+    def make(*args):
+        on_step = checkpointer(*args)
+
+        def step(driver):
+            on_step(driver)
+            if len(driver.result.steps) == n:
+                raise KeyboardInterrupt
+
+        return step
+
+    return make
+
+
 def test_gyre_train_elastic_switches_roles_and_trains(tmp_path, capsys):
     from gyre_env.cli import main
 
@@ -49,16 +66,7 @@ def test_gyre_train_elastic_resumes_after_ctrl_c(tmp_path, capsys, monkeypatch):
     from gyre_env.scheduler import elastic_train
 
     real = elastic_train._checkpointer
-
-    def interrupting(*args):
-        on_step = real(*args)
-
-        def step(driver):
-            on_step(driver)
-            if len(driver.result.steps) == 2:
-                raise KeyboardInterrupt
-
-        return step
+    interrupting = _ctrl_c_after_step(real, 2)
 
     out = tmp_path / "run"
     sets = [a for kv in TINY for a in ("--set", kv)]
@@ -106,27 +114,37 @@ def test_gyre_train_elastic_on_megatron_cells(tmp_path, capsys):
     assert (out / "model" / "config.json").is_file()
 
 
-def test_gyre_train_elastic_on_ray_ranks(tmp_path, monkeypatch):
-    """``--ray local``: the trainers are rank actors; the run trains and ends without a
-    checkpoint (the ranks' state stays in their actors: resume is refused there), where it
-    used to fail at its first step asking a rank for its state."""
+def test_gyre_train_elastic_on_ray_ranks_resumes(tmp_path, monkeypatch, capsys):
+    """``--ray local``: the trainers are rank actors; Ctrl-C after the checkpoint of step
+    2 (the core rank's state fetched from its actor), then ``--resume`` loads it back into
+    the ranks and goes on to step 4."""
     import os
 
     if not os.environ.get("CI"):
         pytest.importorskip("ray", reason="the ray extra (pip install gyre-env[ray])")
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     from gyre_env.cli import main
+    from gyre_env.scheduler import elastic_train
+
+    real = elastic_train._checkpointer
+    interrupting = _ctrl_c_after_step(real, 2)
 
     out = tmp_path / "run"
     sets = [a for kv in TINY for a in ("--set", kv)]
     argv = ["train", "--preset", "cpu-demo", "--elastic", "--cells", "2", "--ray", "local",
-            "--out", str(out), "--iterations", "1", "--no-progress", *sets]  # fmt: skip
+            "--out", str(out), "--iterations", "2", "--no-progress", *sets]  # fmt: skip
     try:
-        assert main(argv) == 0
+        monkeypatch.setattr(elastic_train, "_checkpointer", interrupting)
+        assert main(argv) == 130
+        assert "interrupted after 2 steps; the last checkpoint" in capsys.readouterr().out
+        monkeypatch.setattr(elastic_train, "_checkpointer", real)
+        assert main([*argv, "--resume"]) == 0
     finally:
         import ray
 
         ray.shutdown()
     data = json.loads((out / "elastic.json").read_text())
-    assert [s["step"] for s in data["steps"]] == [1, 2]
-    assert not (out / "checkpoints" / "elastic.pt").exists()
+    assert [s["step"] for s in data["steps"]] == [1, 2, 3, 4]
+    before = {i for s in data["steps"][:2] for i in s["group_index"]}
+    after = {i for s in data["steps"][2:] for i in s["group_index"]}
+    assert after and min(after) > max(before)
