@@ -302,23 +302,16 @@ class ElasticDriver:
                     self._beat()
                     self._wake.wait(cfg.decision_interval_s)
                     self._wake.clear()
-            except BaseException:  # Ctrl-C, an error: start nothing more, end what runs
+            finally:  # the last step, Ctrl-C or an error: start nothing more, end what runs
                 with self._lock:
-                    self._pending.clear()
-                    self._ended = True
+                    self._pending.clear()  # admitted but not started: not run
+                    self._ended = True  # groups finishing from now on are dropped
                 stop = getattr(self.workload, "stop", None)
                 if stop is not None:
                     stop()
-                raise
-            with self._lock:
-                self._pending.clear()  # admitted but not started: not run
-                self._ended = True  # groups finishing from now on are dropped
             # the run ends with its last step: the groups still running (the next batch)
             # are not waited for in its wall time or its cells' accounting
             self._finish()
-            stop = getattr(self.workload, "stop", None)
-            if stop is not None:
-                stop()
         return self.result
 
     def _now(self) -> float:

@@ -15,6 +15,7 @@ start to its last step (``wall_s``), never an input.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,13 @@ from pathlib import Path
 import numpy as np
 
 from gyre_env.scheduler.config import CellConfig, SimConfig, TrainingConfig, WorkloadConfig
-from gyre_env.scheduler.trace import Validation, _call_table, _fit_calls, fit_workload
+from gyre_env.scheduler.trace import (
+    Validation,
+    _call_table,
+    _fit_calls,
+    fit_workload,
+    simulate_each,
+)
 from gyre_env.scheduler.workload import Episode
 
 TRACE_FILE = "elastic-trace.json"
@@ -73,8 +80,8 @@ def _waited(call: dict) -> float:
 
 def _episode(ep: dict, group_start: float) -> Episode:
     """One traced episode: each call's service time (the proxy's total less its waits for
-    a slot), the measured gap after each call before the
-    next one (the tool wait and the agent's own time), the injected wait after the last."""
+    a slot), the measured gap after each call before the next one (the tool wait and the
+    agent's own time), the injected wait after the last."""
     calls, tools = ep["calls"], ep["tool_s"]
     starts = [c["start"] for c in calls]
     ends = [c["start"] + c["total"] for c in calls]
@@ -262,7 +269,6 @@ def make_policy(name: str, params: dict):
 def validate_elastic(path: str | Path, fitted_seeds: int = 3) -> list[Validation]:
     """The policy the run really ran, simulated three ways from the run's own inputs, each
     against the measured wall time (see the module doc)."""
-    from gyre_env.scheduler.sim import simulate
     from gyre_env.scheduler.workload import FittedWorkload, TraceWorkload
 
     trace = load_elastic_trace(path)
@@ -275,12 +281,5 @@ def validate_elastic(path: str | Path, fitted_seeds: int = 3) -> list[Validation
     for seed in range(fitted_seeds):
         fitted = dataclasses.replace(cfg, workload=fitted_workload, seed=seed)
         runs.append((f"fitted seed {seed}", fitted, FittedWorkload(fitted.workload, seed)))
-    out = []
-    for mode, c, workload in runs:
-        r = simulate(c, make_policy(trace.policy, trace.policy_params), workload)
-        out.append(
-            Validation(
-                str(trace.path.parent), mode, r.policy, r.steps, r.duration_s, trace.measured_s
-            )
-        )
-    return out
+    policy = functools.partial(make_policy, trace.policy, trace.policy_params)
+    return simulate_each(str(trace.path.parent), runs, policy, trace.measured_s)

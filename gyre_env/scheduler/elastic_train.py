@@ -90,6 +90,15 @@ class EpisodeWorkload:
     def tokens(self, group: EpisodeGroup) -> int:
         return group.tokens
 
+    @property
+    def sampler_state(self) -> dict:
+        """The task sampler's state (a checkpoint keeps it)."""
+        return self._rng.bit_generator.state
+
+    @sampler_state.setter
+    def sampler_state(self, state: dict) -> None:
+        self._rng.bit_generator.state = state
+
 
 def warm_start(cfg: TrainConfig) -> tuple[TrainConfig, list[dict]]:
     """The synchronous loop's first phases (held-out eval of the initial model, gold SFT,
@@ -293,7 +302,7 @@ def _save_checkpoint(folder, trainer, version: int, state, workload) -> None:
         "trainer": trainer.state_dict(),
         "version": version,
         "driver": dataclasses.asdict(state),
-        "tasks_rng": workload._rng.bit_generator.state,
+        "tasks_rng": workload.sampler_state,
     }
     _atomic_write(folder / CHECKPOINT, lambda p: torch.save(data, p))
 
@@ -328,7 +337,7 @@ def _restore(pool, workload, saved: dict, db):
     from gyre_env.scheduler.elastic import DriverState
 
     pool.load_core(saved["trainer"], int(saved["version"]))
-    workload._rng.bit_generator.state = saved["tasks_rng"]
+    workload.sampler_state = saved["tasks_rng"]
     d = saved["driver"]
     ready = [EpisodeGroup(**g) for g in d["ready"]]
     stored = _stored_groups(db)

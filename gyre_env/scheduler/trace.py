@@ -335,7 +335,6 @@ def validate_run(folder: str | Path, fitted_seeds: int = 3) -> list[Validation]:
     """The synchronous loop (the policy the run really ran: colocated) simulated three ways
     from the run's own inputs, each against the measured wall time."""
     from gyre_env.scheduler.peers import ColocatedSyncPolicy
-    from gyre_env.scheduler.sim import simulate
     from gyre_env.scheduler.workload import FittedWorkload, TraceWorkload
 
     trace = load_run(folder)
@@ -348,10 +347,20 @@ def validate_run(folder: str | Path, fitted_seeds: int = 3) -> list[Validation]:
     for seed in range(fitted_seeds):
         fitted = dataclasses.replace(cfg, workload=fit_workload(trace), seed=seed)
         runs.append((f"fitted seed {seed}", fitted, FittedWorkload(fitted.workload, seed)))
+    return simulate_each(str(folder), runs, ColocatedSyncPolicy, measured, trace.iterations)
+
+
+def simulate_each(
+    folder: str, runs: list, make_policy, measured_s: float, count: int | None = None
+) -> list[Validation]:
+    """Each ``(mode, config, workload)`` of ``runs`` simulated with a fresh
+    ``make_policy()``, as a :class:`Validation` against ``measured_s`` (``count``: the
+    run's iterations or steps shown; None: the simulated steps)."""
+    from gyre_env.scheduler.sim import simulate
+
     out = []
     for mode, c, workload in runs:
-        r = simulate(c, ColocatedSyncPolicy(), workload)
-        out.append(
-            Validation(str(folder), mode, r.policy, trace.iterations, r.duration_s, measured)
-        )
+        r = simulate(c, make_policy(), workload)
+        n = r.steps if count is None else count
+        out.append(Validation(folder, mode, r.policy, n, r.duration_s, measured_s))
     return out
