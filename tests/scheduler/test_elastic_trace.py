@@ -67,8 +67,13 @@ def test_the_simulator_replays_the_run_with_its_policy(traces, policy):
     assert [r.mode for r in rows] == ["replay", "cell-model", "fitted seed 0"]
     for r in rows:
         assert r.policy == policy and r.iterations == 2
-        # a sanity bound: the measured figures at benchmark size are in the README
-        assert abs(r.error) < 0.5, r
+        # sanity bounds (the measured figures at benchmark size are in the README): the
+        # replays reuse the run's own times; a fresh draw of a 2-step run can flip one
+        # policy decision (a grown step or not) and land far off at this size
+        if r.mode.startswith("fitted"):
+            assert 0 < r.predicted_s < 3 * r.measured_s, r
+        else:
+            assert abs(r.error) < 0.5, r
 
 
 def test_the_validation_script_takes_trace_folders(traces):
