@@ -85,43 +85,17 @@ def run_one(name, make_policy, args, model_dir, tokenizer) -> dict:
 
 
 def _write_trace(args, name, policy, cells_cfg, config, workload, result) -> None:
-    """The run as the simulator's input (``gyre_env.scheduler.trace.load_elastic_trace``):
-    its shape, every finished group's calls and tool waits, its steps and switches, and
-    the measured wall time (kept apart, for checking the prediction)."""
-    import dataclasses
-    import json
-    import time
+    """The run as the simulator's input (``gyre_env.scheduler.elastic_trace``)."""
     from pathlib import Path
 
-    from gyre_env.scheduler.elastic import switch_values
+    from gyre_env.scheduler.elastic_trace import write_elastic_trace
 
-    params = {
-        f.name: getattr(policy, f.name)
-        for f in dataclasses.fields(policy)
-        if not f.name.startswith("_") and f.name not in ("name", "params")
-    }
-    trace = {
-        "format": "gyre-elastic-trace/1",
-        "policy": policy.name,
-        "policy_params": params,
-        "label": name,
-        "cells": cells_cfg.cells,
-        "max_batch_size": cells_cfg.max_batch_size,
-        "switch_prior_s": cells_cfg.switch_prior_s,
-        "config": dataclasses.asdict(config),
-        "group_size": args.group_size,
-        # the run's zero on the clock the calls' start times use (time.time())
-        "t0": result.t0 + (time.time() - time.monotonic()),
-        "wall_s": result.wall_s,
-        "groups": workload.trace,
-        "steps": [{k: v for k, v in m.items() if k != "staleness"} for m in result.steps],
-        "switches": [switch_values(r, result.t0) for r in result.switches],
-        "busy": [result.busy_fraction(i) for i in range(cells_cfg.cells)],
-        "idle": result.idle_fraction(),
-    }
-    folder = Path(args.trace_out) / name.replace(" ", "").replace("+", "-")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "elastic-trace.json").write_text(json.dumps(trace), encoding="utf-8")
+    write_elastic_trace(
+        Path(args.trace_out) / name.replace(" ", "").replace("+", "-"), policy=policy,
+        label=name, cells=cells_cfg.cells, max_batch_size=cells_cfg.max_batch_size,
+        switch_prior_s=cells_cfg.switch_prior_s, config=config, group_size=args.group_size,
+        result=result, groups=workload.trace,
+    )  # fmt: skip
 
 
 def _cell_line(f: dict) -> str:

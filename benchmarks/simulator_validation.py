@@ -4,9 +4,9 @@
 
 A ``gyre train`` run folder: its synchronous RL iterations are simulated from the run's
 own inputs (per call and per tool timings, optimizer step times, the run's shape) with
-the colocated synchronous policy, the one ``gyre train`` really runs. A folder of
-``benchmarks/elastic.py --trace-out`` (``elastic-trace.json``): the elastic run on real
-cells is simulated with the policy it ran (colocated, static split or waterlevel) from its
+the colocated synchronous policy, the one ``gyre train`` really runs. A ``gyre train
+--elastic`` run folder or a folder of ``benchmarks/elastic.py --trace-out`` (both hold
+``elastic-trace.json``): the elastic run on real cells is simulated with the policy it ran (colocated, static split or waterlevel) from its
 calls, tool waits, steps and switches. Each three ways: replaying the measured call times,
 pricing calls with the cell model fitted to them, and drawing fresh episodes from
 distributions fitted to the trace. Measured: the iterations' wall time from metrics.jsonl
@@ -31,21 +31,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=float, default=0.15)
     args = parser.parse_args(argv)
     for folder in args.runs:  # every folder checked before any work
-        if (Path(folder) / "elastic.json").is_file():
+        here = Path(folder)
+        if (here / "elastic.json").is_file() and not (here / TRACE_FILE).is_file():
             parser.error(
-                f"{folder}: a gyre train --elastic run, which is not simulator input yet; "
-                "simulate the elastic benchmark's runs (benchmarks/elastic.py --trace-out)"
+                f"{folder}: a gyre train --elastic run without {TRACE_FILE} (a resumed "
+                "run, or one from before runs wrote it, has none)"
             )
-        if (
-            not (Path(folder) / TRACE_FILE).is_file()
-            and not (Path(folder) / "config.json").is_file()
-        ):
+        if not (here / TRACE_FILE).is_file() and not (here / "config.json").is_file():
             parser.error(
                 f"{folder}: neither a gyre train run folder (no config.json) nor an elastic "
-                f"trace folder (no {TRACE_FILE}; benchmarks/elastic.py --trace-out writes them)"
+                f"trace folder (no {TRACE_FILE}; gyre train --elastic and "
+                "benchmarks/elastic.py --trace-out write them)"
             )
     print(
-        f"{'run':<24}{'mode':<16}{'policy':<13}{'steps':>6}{'predicted s':>13}"
+        f"{'run':<24}{'mode':<16}{'policy':<13}{'covers':>15}{'predicted s':>13}"
         f"{'measured s':>12}{'error':>9}"
     )
     worst = 0.0
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         for v in rows:
             worst = max(worst, abs(v.error))
             print(
-                f"{folder[-24:]:<24}{v.mode:<16}{v.policy:<13}{v.iterations:>6}"
+                f"{folder[-24:]:<24}{v.mode:<16}{v.policy:<13}{f'{v.count} {v.unit}':>15}"
                 f"{v.predicted_s:>13.1f}{v.measured_s:>12.1f}{100 * v.error:>8.1f}%",
                 flush=True,
             )

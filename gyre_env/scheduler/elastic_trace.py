@@ -1,7 +1,8 @@
 """A real elastic run (``benchmarks/elastic.py --trace-out``) as simulator input, and its
 measured wall time.
 
-The trace (``elastic-trace.json``) holds the run's shape (cells, batch, staleness bound,
+The trace (``elastic-trace.json``, written by :func:`write_elastic_trace` for
+``benchmarks/elastic.py --trace-out`` and for every ``gyre train --elastic`` run) holds the run's shape (cells, batch, staleness bound,
 agent slots, the policy and its parameters), every finished group's calls (new prompt
 tokens, output tokens, start, queue and service seconds, the engine that served it) and
 tool waits, its optimizer steps (groups, cells, seconds) and its switches (direction,
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,6 +72,70 @@ class ElasticTrace:
     def parallel(self) -> int:
         """Agent slots in episodes (what the simulator counts)."""
         return self.agent_slots * self.group_size
+
+
+def trace_calls(records) -> list[dict]:
+    """A traced episode's calls from its proxy records, in call order: ``new`` prompt
+    tokens past the cached prefix, ``out`` tokens, ``start`` (``time.time()`` when the
+    proxy took the request), the record's ``queue`` / ``engine_queue`` / ``prefill`` /
+    ``decode`` / ``total`` seconds and the serving ``replica``."""
+    return [
+        dict(
+            new=max(len(r.prompt_ids) - int(r.prefix_len or 0), 0),
+            out=len(r.output_ids),
+            start=float(r.created),
+            queue=float(r.timings.get("queue", 0.0)),
+            engine_queue=float(r.timings.get("engine_queue", 0.0)),
+            prefill=float(r.timings.get("prefill", 0.0)),
+            decode=float(r.timings.get("decode", 0.0)),
+            total=float(r.timings.get("total", 0.0)),
+            replica=r.replica,
+        )
+        for r in sorted(records, key=lambda r: r.call_index)
+    ]
+
+
+def write_elastic_trace(
+    folder, *, policy, label: str, cells: int, max_batch_size: int, switch_prior_s: float,
+    config, group_size: int, result, groups: list[dict],
+) -> Path:  # fmt: skip
+    """``folder/elastic-trace.json`` for the elastic run ``result`` (an ``ElasticResult``)
+    of ``policy`` under ``config`` (its ``ElasticConfig``): its shape, ``groups`` (every
+    finished group: ``index``, ``start``, ``end`` and per episode its ``calls``
+    (:func:`trace_calls`) and ``tool_s``, the seconds after each call before the next one
+    or the episode's end), its steps and switches, and the measured wall time (kept
+    apart, for checking the prediction)."""
+    from gyre_env.scheduler.elastic import switch_values
+
+    params = {
+        f.name: getattr(policy, f.name)
+        for f in dataclasses.fields(policy)
+        if not f.name.startswith("_") and f.name not in ("name", "params")
+    }
+    trace = {
+        "format": FORMAT,
+        "policy": policy.name,
+        "policy_params": params,
+        "label": label,
+        "cells": cells,
+        "max_batch_size": max_batch_size,
+        "switch_prior_s": switch_prior_s,
+        "config": dataclasses.asdict(config),
+        "group_size": group_size,
+        # the run's zero on the clock the calls' start times use (time.time())
+        "t0": result.t0 + (time.time() - time.monotonic()),
+        "wall_s": result.wall_s,
+        "groups": groups,
+        "steps": [{k: v for k, v in m.items() if k != "staleness"} for m in result.steps],
+        "switches": [switch_values(r, result.t0) for r in result.switches],
+        "busy": [result.busy_fraction(i) for i in range(cells)],
+        "idle": result.idle_fraction(),
+    }
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / TRACE_FILE
+    path.write_text(json.dumps(trace, default=str), encoding="utf-8")
+    return path
 
 
 def _waited(call: dict) -> float:

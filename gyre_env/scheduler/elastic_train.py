@@ -23,7 +23,8 @@ with phase times, the role timeline, per-cell busy seconds and idle reasons, the
 staleness histogram, the held-out pass rates), ``metrics.jsonl`` (the driver's records:
 steps, switches, cell states, per-cell busy/idle fractions; the evals) and
 ``report.html`` (the training report with the cell-role Gantt chart and the busy/idle
-table).
+table) and ``elastic-trace.json`` (the run as simulator input, see
+``gyre_env.scheduler.elastic_trace``; not for a resumed run).
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ class EpisodeWorkload:
         )
         self._rng = np.random.default_rng([cfg.seed, 11])
         self._lock = threading.Lock()
+        self.trace: list[dict] = []
+        """Per finished group, as the simulator reads it (``elastic_trace``): ``index``,
+        ``start``, ``end`` (``time.time()``) and per scored episode its ``session``, its
+        ``calls`` from the store and ``tool_s``, the seconds after each call before the
+        next one or the episode's end (its tools, the agent's own time, the scoring)."""
 
     def run_group(self, index: int) -> EpisodeGroup:
         from gyre_env.train.rollout import run_episodes
@@ -72,6 +78,7 @@ class EpisodeWorkload:
         with self._lock:
             task = self.tasks[int(self._rng.integers(len(self.tasks)))]
         tag = f"{RUN_PREFIX}{index:05d}"
+        started = time.time()
         stats = run_episodes(
             service=self.service, agent=self.agent, tasks=[task], env_id=cfg.tasks.env_id,
             group_size=cfg.rollout.group_size, run=tag, store=self.store,
@@ -79,7 +86,27 @@ class EpisodeWorkload:
             seed=cfg.seed + index, results_path=cfg.out_dir / "episodes.jsonl", progress=False,
             desc=tag, env_kwargs=cfg.tasks.env_kwargs,
         )  # fmt: skip
+        self._trace_group(index, started, stats.results)
         return EpisodeGroup(index, tag, [float(s) for s in stats.scores], stats.sampled_tokens)
+
+    def _trace_group(self, index: int, started: float, results: list) -> None:
+        """The group's episodes as simulator input (``trace``). An episode starts with
+        its group (the runner starts all of them at once) and ends ``times["wall"]``
+        later; an ``infra_error`` episode is left out (it trains nothing)."""
+        from gyre_env.scheduler.elastic_trace import trace_calls
+
+        end, episodes = time.time(), []
+        for res in results:
+            if res.outcome == "infra_error" or not res.session:
+                continue
+            calls = trace_calls(self.store.records([res.session]))
+            ends = [c["start"] + c["total"] for c in calls]
+            finish = min(started + float(res.times.get("wall", end - started)), end)
+            after = [c["start"] for c in calls[1:]] + [finish]
+            tool = [max(b - a, 0.0) for a, b in zip(ends, after, strict=True)]
+            episodes.append(dict(session=res.session, calls=calls, tool_s=tool))
+        with self._lock:
+            self.trace.append(dict(index=index, start=started, end=end, episodes=episodes))
 
     def units(self, groups: list[EpisodeGroup]) -> list:
         from gyre_env.train.loop import units_of
@@ -227,8 +254,9 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
             agent_slots=max(1, r.parallel // r.group_size), timeout_s=24 * 3600.0,
             profile_dir=str(out / "profiles") if cfg.logging.profile_switches else None,
         )  # fmt: skip
+        policy = WaterlevelPolicy()
         driver = ElasticDriver(
-            pool.cells, WaterlevelPolicy(), workload, call=pool.proxy.call,
+            pool.cells, policy, workload, call=pool.proxy.call,
             router=pool.proxy.core.router, config=config, clock=clock, costs=pool.costs,
             metrics=logger, core=getattr(pool, "core", None), start=start,
             on_step=_checkpointer(cfg, ckpt_dir, pool, workload, config.steps),
@@ -239,6 +267,7 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
             interrupted = True
         else:
             _export_newest(pool, tokenizer, out / "model")
+            _trace_run(cfg, policy, cells_config, config, workload, result, start is not None)
     except BaseException:
         logger.close()
         raise
@@ -274,6 +303,22 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
         rates = ", ".join(f"{e['phase']} {e['pass_rate']:.3f}" for e in evals)
         print(f"held-out pass rate: {rates}", flush=True)
     return result
+
+
+def _trace_run(cfg: TrainConfig, policy, cells_config, config, workload, result, resumed: bool):
+    """``OUT/elastic-trace.json``: the run as simulator input
+    (``benchmarks/simulator_validation.py OUT``). Not for a resumed run: its wall time
+    and groups would be those since the resume, its steps all of them."""
+    from gyre_env.scheduler.elastic_trace import TRACE_FILE, write_elastic_trace
+
+    if resumed:
+        print(f"{TRACE_FILE}: not written for a resumed run", flush=True)
+        return
+    write_elastic_trace(
+        cfg.out_dir, policy=policy, label=cfg.name, cells=cells_config.cells,
+        max_batch_size=cells_config.max_batch_size, switch_prior_s=cells_config.switch_prior_s,
+        config=config, group_size=cfg.rollout.group_size, result=result, groups=workload.trace,
+    )  # fmt: skip
 
 
 def _checkpointer(cfg: TrainConfig, folder, pool, workload, steps: int):

@@ -322,9 +322,12 @@ class Validation:
     folder: str
     mode: str
     policy: str
-    iterations: int
+    count: int
+    """The run's iterations or steps (``unit``) the times cover."""
     predicted_s: float
     measured_s: float
+    unit: str = "steps"
+    """``iterations`` (a ``gyre train`` run) or ``steps`` (an elastic run)."""
 
     @property
     def error(self) -> float:
@@ -347,20 +350,23 @@ def validate_run(folder: str | Path, fitted_seeds: int = 3) -> list[Validation]:
     for seed in range(fitted_seeds):
         fitted = dataclasses.replace(cfg, workload=fit_workload(trace), seed=seed)
         runs.append((f"fitted seed {seed}", fitted, FittedWorkload(fitted.workload, seed)))
-    return simulate_each(str(folder), runs, ColocatedSyncPolicy, measured, trace.iterations)
+    return simulate_each(
+        str(folder), runs, ColocatedSyncPolicy, measured, trace.iterations, unit="iterations"
+    )
 
 
 def simulate_each(
-    folder: str, runs: list, make_policy, measured_s: float, count: int | None = None
-) -> list[Validation]:
+    folder: str, runs: list, make_policy, measured_s: float, count: int | None = None,
+    unit: str = "steps",
+) -> list[Validation]:  # fmt: skip
     """Each ``(mode, config, workload)`` of ``runs`` simulated with a fresh
     ``make_policy()``, as a :class:`Validation` against ``measured_s`` (``count``: the
-    run's iterations or steps shown; None: the simulated steps)."""
+    run's iterations or steps, as ``unit`` says; None: the simulated steps)."""
     from gyre_env.scheduler.sim import simulate
 
     out = []
     for mode, c, workload in runs:
         r = simulate(c, make_policy(), workload)
         n = r.steps if count is None else count
-        out.append(Validation(folder, mode, r.policy, n, r.duration_s, measured_s))
+        out.append(Validation(folder, mode, r.policy, n, r.duration_s, measured_s, unit))
     return out

@@ -130,20 +130,9 @@ class ToolLoopWorkload:
         return Group(index, trees, rewards, tokens, time.monotonic() - t0)
 
     def _trace_episode(self, session: str, records: list) -> dict:
-        calls = [
-            dict(
-                new=len(r.prompt_ids) - int(r.prefix_len or 0),
-                out=len(r.output_ids),
-                start=float(r.created),
-                queue=float(r.timings.get("queue", 0.0)),
-                engine_queue=float(r.timings.get("engine_queue", 0.0)),
-                prefill=float(r.timings.get("prefill", 0.0)),
-                decode=float(r.timings.get("decode", 0.0)),
-                total=float(r.timings.get("total", 0.0)),
-                replica=r.replica,
-            )
-            for r in sorted(records, key=lambda r: r.call_index)
-        ]
+        from gyre_env.scheduler.elastic_trace import trace_calls
+
+        calls = trace_calls(records)
         tool = [self.tool_delay(session, turn) for turn in range(len(calls))]
         return dict(session=session, calls=calls, tool_s=tool)
 

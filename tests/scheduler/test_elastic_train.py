@@ -37,6 +37,23 @@ def _ctrl_c_after_step(checkpointer, n: int):
     return make
 
 
+def _checkpointed_groups(out) -> tuple[set[int], int]:
+    """The checkpoint's finished groups not yet trained on, and its next group index."""
+    import torch
+
+    saved = torch.load(out / "checkpoints" / "elastic.pt", weights_only=False)["driver"]
+    return {g["index"] for g in saved["ready"]}, saved["next_index"]
+
+
+def _no_group_twice(data: dict, carried: set[int], next_index: int) -> None:
+    """Steps 3-4 of a resumed run train the groups the checkpoint held ready and new ones
+    numbered from its next index on, never a group steps 1-2 trained."""
+    before = {i for s in data["steps"][:2] for i in s["group_index"]}
+    after = {i for s in data["steps"][2:] for i in s["group_index"]}
+    assert after and not after & before and not carried & before
+    assert all(i >= next_index for i in after - carried), (after, carried, next_index)
+
+
 def test_gyre_train_elastic_switches_roles_and_trains(tmp_path, capsys):
     from gyre_env.cli import main
 
@@ -56,6 +73,19 @@ def test_gyre_train_elastic_switches_roles_and_trains(tmp_path, capsys):
     assert [e["phase"] for e in data["evals"]] == ["random", "sft", "rl"]
     assert (out / "warm-start" / "model-sft").is_dir() and (out / "model").is_dir()
     assert all(e["episodes"] == 2 for e in data["evals"])
+    # The run as simulator input: every trained group's episodes with their calls, the
+    # policy it ran, its steps; the validation simulates it against the measured wall time.
+    from gyre_env.scheduler.elastic_trace import load_elastic_trace, validate_elastic
+
+    trace = load_elastic_trace(out)
+    trained = {i for s in data["steps"] for i in s["group_index"]}
+    assert trace.policy == "waterlevel" and trace.steps == 2 and trace.cells == 2
+    assert len(trace.groups) >= len(trained) and trace.calls is not None and len(trace.calls)
+    assert all(len(grp) == 2 for grp in trace.groups)  # rollout.group_size episodes each
+    assert trace.measured_s == pytest.approx(data["wall_s"])
+    rows = validate_elastic(out, fitted_seeds=1)
+    assert [v.mode for v in rows] == ["replay", "cell-model", "fitted seed 0"]
+    assert all(v.policy == "waterlevel" and v.predicted_s > 0 for v in rows)
 
 
 def test_gyre_train_elastic_resumes_after_ctrl_c(tmp_path, capsys, monkeypatch):
@@ -76,6 +106,7 @@ def test_gyre_train_elastic_resumes_after_ctrl_c(tmp_path, capsys, monkeypatch):
     assert main(argv) == 130
     assert "interrupted after 2 steps; the last checkpoint" in capsys.readouterr().out
     assert (out / "checkpoints" / "elastic.pt").is_file() and not (out / "elastic.json").exists()
+    carried, next_index = _checkpointed_groups(out)
     monkeypatch.setattr(elastic_train, "_checkpointer", real)
 
     assert main([*argv, "--resume", "--set", "model.num_layers=2"]) == 2
@@ -84,10 +115,11 @@ def test_gyre_train_elastic_resumes_after_ctrl_c(tmp_path, capsys, monkeypatch):
     assert main([*argv, "--resume"]) == 0
     data = json.loads((out / "elastic.json").read_text())
     assert [s["step"] for s in data["steps"]] == [1, 2, 3, 4]
-    before = {i for s in data["steps"][:2] for i in s["group_index"]}
-    after = {i for s in data["steps"][2:] for i in s["group_index"]}
-    assert after and min(after) > max(before)
+    _no_group_twice(data, carried, next_index)
     assert [e["phase"] for e in data["evals"]] == ["random", "sft", "rl"]
+    # its wall time and groups would be those since the resume: no simulator input
+    assert "elastic-trace.json: not written for a resumed run" in capsys.readouterr().out
+    assert not (out / "elastic-trace.json").exists()
 
 
 def test_gyre_train_elastic_on_megatron_cells(tmp_path, capsys):
@@ -137,6 +169,7 @@ def test_gyre_train_elastic_on_ray_ranks_resumes(tmp_path, monkeypatch, capsys):
         monkeypatch.setattr(elastic_train, "_checkpointer", interrupting)
         assert main(argv) == 130
         assert "interrupted after 2 steps; the last checkpoint" in capsys.readouterr().out
+        carried, next_index = _checkpointed_groups(out)
         monkeypatch.setattr(elastic_train, "_checkpointer", real)
         assert main([*argv, "--resume"]) == 0
     finally:
@@ -145,6 +178,4 @@ def test_gyre_train_elastic_on_ray_ranks_resumes(tmp_path, monkeypatch, capsys):
         ray.shutdown()
     data = json.loads((out / "elastic.json").read_text())
     assert [s["step"] for s in data["steps"]] == [1, 2, 3, 4]
-    before = {i for s in data["steps"][:2] for i in s["group_index"]}
-    after = {i for s in data["steps"][2:] for i in s["group_index"]}
-    assert after and min(after) > max(before)
+    _no_group_twice(data, carried, next_index)
