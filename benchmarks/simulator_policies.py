@@ -24,7 +24,9 @@ from gyre_env.scheduler.config import load_sim_config
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
-    parser.add_argument("--hours", type=float, nargs="+", default=None, help="default: the config's")
+    parser.add_argument(
+        "--hours", type=float, nargs="+", default=None, help="default: the config's"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args(argv)
     base = load_sim_config(args.config)

@@ -223,8 +223,12 @@ class _Memo:
 
     def grade(self, task: Task, workspace, config: GradingConfig) -> GradingResult:
         settings = dataclasses.asdict(dataclasses.replace(config, memoize=False))
-        key = (task.id, str(task.source), json.dumps(settings, sort_keys=True, default=str),
-               workspace_digest(workspace))
+        key = (
+            task.id,
+            str(task.source),
+            json.dumps(settings, sort_keys=True, default=str),
+            workspace_digest(workspace),
+        )
         while True:
             with self._lock:
                 if key in self._done:

@@ -101,6 +101,8 @@ def test_replay_predicts_the_synthetic_run(tmp_path):
 def test_validate_run_reports_every_mode_within_tolerance(tmp_path):
     rows = validate_run(make_run(tmp_path / "run"), fitted_seeds=2)
     assert [v.mode for v in rows] == ["replay", "cell-model", "fitted seed 0", "fitted seed 1"]
-    assert all(v.policy == "colocated" and v.count == ITERS and v.unit == "iterations" for v in rows)
+    assert all(
+        v.policy == "colocated" and v.count == ITERS and v.unit == "iterations" for v in rows
+    )
     assert abs(rows[0].error) < 0.05
     assert all(abs(v.error) < 0.3 for v in rows)  # a 12-episode run: fitted draws vary

@@ -80,7 +80,10 @@ def test_missing_tests_skips_task_and_nothing_loadable_is_an_error(checkout, tmp
     repo, _ = checkout
     empty = tmp_path / "none"
     empty.mkdir()
-    with pytest.warns(NL2RepoSkipWarning, match=r"2 NL2Repo task\(s\) skipped: no upstream tests .*: Other_Lib, mini"):
+    with pytest.warns(
+        NL2RepoSkipWarning,
+        match=r"2 NL2Repo task\(s\) skipped: no upstream tests .*: Other_Lib, mini",
+    ):
         with pytest.raises(TaskFormatError, match="no NL2Repo task could be loaded"):
             load_nl2repo(repo, empty, cache_dir=tmp_path / "c")
 

@@ -60,7 +60,9 @@ def test_negative_scale_weighs_only_the_below_mean_attempts():
     for i, s in enumerate(sorted(tree.episodes)):
         tree.episodes[s].reward = [1.0, 0.0, 0.0, 0.5][i]
     grpo = group_advantages(tree, SampleConfig())
-    assert grpo == pytest.approx({s: r - 0.375 for s, r in zip(sorted(grpo), [1, 0, 0, 0.5])})
+    assert grpo == pytest.approx(
+        {s: r - 0.375 for s, r in zip(sorted(grpo), [1, 0, 0, 0.5], strict=True)}
+    )
     for scale in (0.0, 0.25):
         adv = group_advantages(tree, SampleConfig(negative_scale=scale))
         assert adv == pytest.approx({s: a if a > 0 else a * scale for s, a in grpo.items()})
