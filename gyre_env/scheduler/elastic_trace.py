@@ -30,6 +30,7 @@ from gyre_env.scheduler.trace import (
     _call_table,
     _fit_calls,
     fit_workload,
+    in_flight_at_start,
     simulate_each,
 )
 from gyre_env.scheduler.workload import Episode
@@ -139,9 +140,24 @@ def write_elastic_trace(
 
 
 def _waited(call: dict) -> float:
-    """Seconds a call waited for a slot: in the proxy for a replica, in the engine for a
-    batch slot (the simulator queues calls itself)."""
-    return float(call.get("queue", 0.0)) + float(call.get("engine_queue", 0.0))
+    """Seconds a call waited for a slot (the simulator queues calls itself): in the proxy
+    for a replica, and in the engine when its batch was full (``slot_wait``, set by
+    :func:`_mark_slot_waits`). Below a full batch the engine's wait is its other
+    requests' prefills, which it runs one at a time: part of serving the call."""
+    engine = float(call.get("engine_queue", 0.0)) if call.get("slot_wait", True) else 0.0
+    return float(call.get("queue", 0.0)) + engine
+
+
+def _mark_slot_waits(calls: list[dict], max_batch: int) -> None:
+    """``slot_wait`` on each call: whether its engine held ``max_batch`` calls or more
+    when it arrived there (after its proxy queue)."""
+    if not calls:
+        return
+    arrive = np.array([c["start"] + float(c.get("queue", 0.0)) for c in calls])
+    ends = np.array([c["start"] + c["total"] for c in calls])
+    keys = np.array([str(c.get("replica")) for c in calls])
+    for c, n in zip(calls, in_flight_at_start(arrive, ends, keys), strict=True):
+        c["slot_wait"] = bool(n > max_batch)  # (n counts the call itself)
 
 
 def _episode(ep: dict, group_start: float) -> Episode:
@@ -175,6 +191,8 @@ def load_elastic_trace(path: str | Path) -> ElasticTrace:
         raise ValueError(f"{path}: not a {FORMAT} file (format {data.get('format')!r})")
     cfg = data["config"]
     by_index = {g["index"]: g for g in data["groups"]}
+    calls = [c for g in data["groups"] for e in g["episodes"] for c in e["calls"]]
+    _mark_slot_waits(calls, int(data["max_batch_size"]))
     groups = {
         i: [_episode(e, g["start"]) for e in g["episodes"]] for i, g in sorted(by_index.items())
     }
@@ -191,7 +209,7 @@ def load_elastic_trace(path: str | Path) -> ElasticTrace:
         str(k): [
             dict(
                 c,
-                prefill=max(c["prefill"] - c.get("engine_queue", 0.0), 0.0),
+                prefill=max(c["prefill"] - (_waited(c) - c.get("queue", 0.0)), 0.0),
                 total=c["total"] - _waited(c),
                 end=c["start"] + c["total"],
             )

@@ -176,23 +176,30 @@ def _iteration_walls(metrics: list[dict]) -> list[float]:
     return out
 
 
+def in_flight_at_start(starts, ends, keys) -> np.ndarray:
+    """Per call, the calls in flight on its engine (``keys``) when it starts, itself
+    included."""
+    starts, ends, keys = np.asarray(starts), np.asarray(ends), np.asarray(keys)
+    out = np.zeros(len(starts), np.int64)
+    for key in np.unique(keys):
+        m = keys == key
+        order_s, order_e = np.sort(starts[m]), np.sort(ends[m])
+        out[m] = np.searchsorted(order_s, starts[m], "right") - np.searchsorted(
+            order_e, starts[m], "right"
+        )
+    return out
+
+
 def _call_table(store: dict[str, list[dict]], by: str | None = None) -> np.ndarray | None:
     """[n, 5] rows of the calls (see ``RunTrace.calls``); ``by``: the key naming the engine
     a call ran on, so that calls in flight are counted per engine (else all together)."""
     calls = [c for cs in store.values() for c in cs]
     if not calls:
         return None
-    in_flight = np.zeros(len(calls), np.int64)
     keys = np.array([str(c.get(by)) if by else "" for c in calls])
     ends = np.array([c["end"] for c in calls])
     starts = ends - np.array([c["total"] for c in calls])
-    for key in np.unique(keys):
-        m = keys == key
-        order_s, order_e = np.sort(starts[m]), np.sort(ends[m])
-        # calls in flight at each call's start (itself included)
-        in_flight[m] = np.searchsorted(order_s, starts[m], "right") - np.searchsorted(
-            order_e, starts[m], "right"
-        )
+    in_flight = in_flight_at_start(starts, ends, keys)
     return np.array(
         [
             [c["new"], c["out"], c["prefill"], c["decode"], f]

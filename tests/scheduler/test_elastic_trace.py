@@ -15,6 +15,8 @@ import pytest
 
 from gyre_env.scheduler.elastic_trace import (
     _fit_steps,
+    _mark_slot_waits,
+    _waited,
     elastic_config,
     fit_elastic_cells,
     load_elastic_trace,
@@ -101,6 +103,23 @@ def test_step_fit_recovers_rate_efficiency_and_overhead():
     assert got == pytest.approx((rate, eff, overhead), rel=1e-6)
     # one cell count: no efficiency to fit
     assert _fit_steps([r for r in rows if r[1] == 1]) == pytest.approx((rate, 1.0, overhead))
+
+
+def test_an_engine_wait_below_a_full_batch_is_service_not_a_slot_wait():
+    """The embedded engine prefills the requests it admits one after another: below a full
+    batch a request's engine wait is the others' prefills (the simulator must keep it in
+    the call), at a full batch it waited for a slot (the simulator queues it itself)."""
+
+    def call(start, total, replica="cell0"):
+        return dict(start=start, total=total, queue=0.25, engine_queue=0.5, replica=replica)
+
+    # batch of 2 on cell0: two arrive together, a third finds it full; cell1 has room
+    calls = [call(0.0, 3.0), call(0.0, 3.0), call(0.1, 4.0), call(0.1, 1.0, "cell1")]
+    _mark_slot_waits(calls, max_batch=2)
+    assert [c["slot_wait"] for c in calls] == [False, False, True, False]
+    assert [_waited(c) for c in calls] == [0.25, 0.25, 0.75, 0.25]
+    # an older trace read without the marks: every engine wait counts as a slot wait
+    assert _waited(call(0.0, 1.0)) == 0.75
 
 
 def test_a_fitted_distribution_stays_in_the_range_it_was_fitted_on():
