@@ -185,6 +185,8 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
             "backend only (for now); run the Megatron cells without --ray"
         )
     _check_out(cfg.out_dir, resume)
+    if resume:
+        _check_unfinished(cfg)
     if ray is not None:  # before any work: a missing extra or cluster fails here
         from gyre_env.scheduler.ray_cells import connect
 
@@ -283,7 +285,10 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
         return None
     try:
         if cfg.tasks.heldout_count:
-            evals.append(evaluate_heldout(cfg, out / "model", out / "eval-rl", "rl"))
+            where = out / "eval-rl"
+            if where.exists():  # a resumed run that trained further: keep the earlier one
+                where = out / f"eval-rl-step{len(result.steps)}"
+            evals.append(evaluate_heldout(cfg, out / "model", where, "rl"))
         for row in evals:
             logger.log("eval", row)
     finally:
@@ -409,6 +414,28 @@ def _stored_groups(db) -> list[int]:
     finally:
         con.close()
     return [int(m[1]) for (name,) in names if (m := pattern.match(name))]
+
+
+def _check_unfinished(cfg: TrainConfig) -> None:
+    """Refuse ``--resume`` of an elastic run that ended (``elastic.json`` written) with
+    all the steps asked for: there is nothing to continue."""
+    from gyre_env.train.config import ConfigError
+
+    path = cfg.out_dir / "elastic.json"
+    if not path.is_file():
+        return
+    try:
+        done = len(json.loads(path.read_text(encoding="utf-8"))["steps"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path}: not an elastic run's result ({e})") from e
+    sched = cfg.schedule
+    wanted = sched.iterations * sched.optimizer_steps
+    if done >= wanted:
+        raise ConfigError(
+            f"--resume: the elastic run in {cfg.out_dir} is finished ({done} of {wanted} "
+            f"steps; results in {path}); to train it further, resume with a larger "
+            "--iterations"
+        )
 
 
 def _check_out(out, resume: bool) -> None:

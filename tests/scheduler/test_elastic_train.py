@@ -120,6 +120,16 @@ def test_gyre_train_elastic_resumes_after_ctrl_c(tmp_path, capsys, monkeypatch):
     # its wall time and groups would be those since the resume: no simulator input
     assert "elastic-trace.json: not written for a resumed run" in capsys.readouterr().out
     assert not (out / "elastic-trace.json").exists()
+    # finished: a resume has nothing to continue and says so before any work; with more
+    # iterations it trains on, and its evaluation does not collide with the first one's
+    assert main([*argv, "--resume"]) == 2
+    assert "is finished (4 of 4 steps" in capsys.readouterr().err
+    more = [a if a != "2" or argv[i - 1] != "--iterations" else "3" for i, a in enumerate(argv)]
+    assert main([*more, "--resume"]) == 0
+    data = json.loads((out / "elastic.json").read_text())
+    assert [s["step"] for s in data["steps"]] == [1, 2, 3, 4, 5, 6]
+    assert (out / "eval-rl").is_dir() and (out / "eval-rl-step6").is_dir()
+    assert [e["phase"] for e in data["evals"]] == ["random", "sft", "rl"]
 
 
 def test_gyre_train_elastic_on_megatron_cells(tmp_path, capsys):
