@@ -165,6 +165,8 @@ class _Run:
         if self.resume:
             self.cursor = load_checkpoint(self.out / "checkpoints", self.trainer, self.rng)
             self.cursor.resumes += 1
+            if self.cursor.phase == "done" and self.cursor.iteration < cfg.schedule.iterations:
+                self.cursor.phase = "rl"  # a finished run resumed with more iterations
             self.evals = _read_evals(self.out / "metrics.jsonl")
         elif cfg.sft.trajectories and cfg.sft.steps:
             self.trainer.reset_optimizer(cfg.sft.lr)

@@ -61,6 +61,22 @@ def test_a_run_writes_its_outputs_and_pushes_versioned_weights(tmp_path):
         assert len(gold) == 4 and {e.reward for e in gold} == {1.0}
 
 
+def test_a_finished_run_resumed_with_more_iterations_trains_on(tmp_path):
+    """``--resume --iterations M`` with a larger M goes on from the finished run's last
+    iteration (it stopped as done and did nothing before); the same M again: no work."""
+    from gyre_env.train import train
+
+    cfg = _cfg(tmp_path, "sft.trajectories=0", "schedule.iterations=1")
+    train(cfg)
+    assert len(_rows(cfg.out_dir, "iteration")) == 1
+    more = apply_overrides(cfg, ["schedule.iterations=2"])
+    summary = train(more, resume=True)
+    assert [r["iteration"] for r in _rows(cfg.out_dir, "iteration")] == [0, 1]
+    assert [e["phase"] for e in summary.evals] == ["random", "rl", "rl"]
+    train(more, resume=True)
+    assert len(_rows(cfg.out_dir, "iteration")) == 2
+
+
 def test_eval_random_false_skips_only_the_random_eval(tmp_path):
     """The cpu-demo preset skips the random-init eval (it scores 0) to give RL the time."""
     from gyre_env.train import train
