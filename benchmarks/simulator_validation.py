@@ -6,10 +6,11 @@ A ``gyre train`` run folder: its synchronous RL iterations are simulated from th
 own inputs (per call and per tool timings, optimizer step times, the run's shape) with
 the colocated synchronous policy, the one ``gyre train`` really runs. A ``gyre train
 --elastic`` run folder or a folder of ``benchmarks/elastic.py --trace-out`` (both hold
-``elastic-trace.json``): the elastic run on real cells is simulated with the policy it ran (colocated, static split or waterlevel) from its
-calls, tool waits, steps and switches. Each three ways: replaying the measured call times,
-pricing calls with the cell model fitted to them, and drawing fresh episodes from
-distributions fitted to the trace. Measured: the iterations' wall time from metrics.jsonl
+``elastic-trace.json``): the elastic run on real cells is simulated with the policy it
+ran (colocated, static split or waterlevel) from its calls, tool waits, steps and
+switches. Each three ways: replaying the measured call times, pricing calls with the
+cell model fitted to them, and drawing fresh episodes from distributions fitted to the
+trace. Measured: the iterations' wall time from metrics.jsonl
 (held-out evaluations between iterations excluded), or the elastic run's start to its
 last step. Prints every pair.
 """

@@ -1,16 +1,16 @@
-"""A real elastic run (``benchmarks/elastic.py --trace-out``) as simulator input, and its
-measured wall time.
+"""A real elastic run as simulator input, and its measured wall time.
 
-The trace (``elastic-trace.json``, written by :func:`write_elastic_trace` for
-``benchmarks/elastic.py --trace-out`` and for every ``gyre train --elastic`` run) holds the run's shape (cells, batch, staleness bound,
-agent slots, the policy and its parameters), every finished group's calls (new prompt
-tokens, output tokens, start, queue and service seconds, the engine that served it) and
-tool waits, its optimizer steps (groups, cells, seconds) and its switches (direction,
-seconds). :func:`validate_elastic` simulates the same policy on it three ways, as
-:func:`gyre_env.scheduler.trace.validate_run` does for the synchronous loop: replaying the
-measured call times, pricing calls with the cell model fitted to them, and drawing fresh
-episodes from distributions fitted to the trace. Measured: the run's wall time from its
-start to its last step (``wall_s``), never an input.
+The trace (``elastic-trace.json``, written by :func:`write_elastic_trace` for every
+``gyre train --elastic`` run and for ``benchmarks/elastic.py --trace-out``) holds the
+run's shape (cells, batch, staleness bound, agent slots, the policy and its parameters),
+every finished group's calls (new prompt tokens, output tokens, start, queue and service
+seconds, the engine that served it) and tool waits, its optimizer steps (groups, cells,
+seconds) and its switches (direction, seconds). :func:`validate_elastic` simulates the
+same policy on it three ways, as :func:`gyre_env.scheduler.trace.validate_run` does for
+the synchronous loop: replaying the measured call times, pricing calls with the cell
+model fitted to them, and drawing fresh episodes from distributions fitted to the trace.
+Measured: the run's wall time from its start to its last step (``wall_s``), never an
+input.
 """
 
 from __future__ import annotations
@@ -139,13 +139,18 @@ def write_elastic_trace(
     return path
 
 
+def _engine_wait(call: dict) -> float:
+    """Seconds a call waited in its engine for a batch slot: its ``engine_queue`` when the
+    batch was full (``slot_wait``, set by :func:`_mark_slot_waits`), else 0 (below a full
+    batch the engine's wait is its other requests' prefills, which it runs one at a
+    time: part of serving the call)."""
+    return float(call.get("engine_queue", 0.0)) if call.get("slot_wait", True) else 0.0
+
+
 def _waited(call: dict) -> float:
-    """Seconds a call waited for a slot (the simulator queues calls itself): in the proxy
-    for a replica, and in the engine when its batch was full (``slot_wait``, set by
-    :func:`_mark_slot_waits`). Below a full batch the engine's wait is its other
-    requests' prefills, which it runs one at a time: part of serving the call."""
-    engine = float(call.get("engine_queue", 0.0)) if call.get("slot_wait", True) else 0.0
-    return float(call.get("queue", 0.0)) + engine
+    """Seconds a call waited for a slot, in the proxy for a replica and in the engine
+    (the simulator queues calls itself)."""
+    return float(call.get("queue", 0.0)) + _engine_wait(call)
 
 
 def _mark_slot_waits(calls: list[dict], max_batch: int) -> None:
@@ -209,7 +214,7 @@ def load_elastic_trace(path: str | Path) -> ElasticTrace:
         str(k): [
             dict(
                 c,
-                prefill=max(c["prefill"] - (_waited(c) - c.get("queue", 0.0)), 0.0),
+                prefill=max(c["prefill"] - _engine_wait(c), 0.0),
                 total=c["total"] - _waited(c),
                 end=c["start"] + c["total"],
             )
