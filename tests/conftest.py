@@ -7,8 +7,12 @@ installs both, and a skipped sandbox test there would hide a broken setup.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import os
+import threading
+import time
 
 import pytest
 
@@ -78,3 +82,50 @@ def enc(tok):
         return tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
 
     return encode
+
+
+@contextlib.contextmanager
+def held_in_flight(engine, after_steps: int):
+    """Hold an embedded engine's worker after ``after_steps`` decode steps until a control
+    action (an export, a release) is queued, so that requests are surely still in flight
+    when a migration takes them; yields an event set once the worker holds.
+
+    Without it the migration tests raced the decode: on a loaded CI machine a switch's
+    first phase once took 1 s, longer than the requests' whole decode, and nothing was
+    left to migrate. Wait for the event, not for a count of chunks (a held worker makes
+    no more)."""
+    step = engine._decode_step
+    holding = threading.Event()
+    state = {"steps": 0, "done": False}
+
+    def gated() -> None:
+        if engine._batch.rows:
+            state["steps"] += 1
+        if state["steps"] > after_steps and not state["done"]:
+            holding.set()
+            deadline = time.monotonic() + 60.0
+            while not (engine._urgent or engine._control) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            state["done"] = True  # once: the engine then decodes freely
+        step()
+
+    engine._decode_step = gated
+    try:
+        yield holding
+    finally:
+        del engine._decode_step
+
+
+async def until_held(holding: threading.Event) -> None:
+    """Await :func:`held_in_flight`'s event from a coroutine (the loop keeps running)."""
+    deadline = time.monotonic() + 60.0
+    while not holding.is_set():
+        if time.monotonic() > deadline:
+            raise AssertionError("the engine never reached the decode step it was to hold at")
+        await asyncio.sleep(0.001)
+
+
+@pytest.fixture
+def hold_in_flight():
+    """``(held_in_flight, until_held)``, for tests in any folder."""
+    return held_in_flight, until_held

@@ -32,15 +32,17 @@ async def _collect(engine, prompt, params, seen: list):
     return ids, last.finish_reason
 
 
-async def _migrate_midway(a, b, prompts, params, *, keep_kv: bool, after_tokens: int):
+async def _migrate_midway(a, b, prompts, params, hold, *, keep_kv: bool, after_steps: int):
+    held, until_held = hold
     await a.resume()
     seen: list = []
-    tasks = [
-        asyncio.create_task(_collect(a, p, sp, seen)) for p, sp in zip(prompts, params, strict=True)
-    ]
-    while len(seen) < after_tokens:
-        await asyncio.sleep(0.001)
-    moved = await a.export_inflight()
+    with held(a, after_steps) as holding:
+        tasks = [
+            asyncio.create_task(_collect(a, p, sp, seen))
+            for p, sp in zip(prompts, params, strict=True)
+        ]
+        await until_held(holding)
+        moved = await a.export_inflight()
     assert all(m.kv_tokens == len(m.context_ids) - 1 for m in moved if m.keys is not None)
     if not keep_kv:
         for m in moved:
@@ -52,7 +54,7 @@ async def _migrate_midway(a, b, prompts, params, *, keep_kv: bool, after_tokens:
 
 
 @pytest.mark.parametrize("keep_kv", [True, False], ids=["kv", "reprefill"])
-def test_migrated_requests_continue_exactly(pair, prompts, keep_kv):
+def test_migrated_requests_continue_exactly(pair, prompts, keep_kv, hold_in_flight):
     a, b = pair
     greedy = [SamplingParams(max_new_tokens=30, temperature=0.0) for _ in prompts[:4]]
     seeded = [SamplingParams(max_new_tokens=30, temperature=1.0, seed=7 + i) for i in range(4)]
@@ -61,7 +63,7 @@ def test_migrated_requests_continue_exactly(pair, prompts, keep_kv):
         asyncio.run(a.generate(p, sp)).output_ids for p, sp in zip(prompts, params, strict=True)
     ]
     results, moved = asyncio.run(
-        _migrate_midway(a, b, prompts, params, keep_kv=keep_kv, after_tokens=40)
+        _migrate_midway(a, b, prompts, params, hold_in_flight, keep_kv=keep_kv, after_steps=5)
     )
     assert [ids for ids, _ in results] == alone
     assert all(reason == "length" for _, reason in results)
@@ -71,14 +73,16 @@ def test_migrated_requests_continue_exactly(pair, prompts, keep_kv):
         assert running, "running requests moved with their KV"
 
 
-def test_export_takes_queued_requests_too(tiny_path, prompts):
+def test_export_takes_queued_requests_too(tiny_path, prompts, hold_in_flight):
     a = EmbeddedEngine(model_path=str(tiny_path), max_batch_size=2, name="small")
     b = EmbeddedEngine(model_path=str(tiny_path), max_batch_size=8, name="big")
     try:
         params = SamplingParams(max_new_tokens=20, temperature=0.0)
         alone = [asyncio.run(b.generate(p, params)).output_ids for p in prompts[:6]]
         results, moved = asyncio.run(
-            _migrate_midway(a, b, prompts[:6], [params] * 6, keep_kv=True, after_tokens=3)
+            _migrate_midway(
+                a, b, prompts[:6], [params] * 6, hold_in_flight, keep_kv=True, after_steps=2
+            )
         )
         assert [ids for ids, _ in results] == alone
         assert any(m.keys is None for m in moved), "queued (not prefilled) requests move too"
@@ -87,19 +91,20 @@ def test_export_takes_queued_requests_too(tiny_path, prompts):
         b.close()
 
 
-def test_kv_bytes_round_trip_exactly(pair, prompts):
+def test_kv_bytes_round_trip_exactly(pair, prompts, hold_in_flight):
     import torch
 
     a, b = pair
     params = SamplingParams(max_new_tokens=200, temperature=0.0)
 
     async def run():
+        held, until_held = hold_in_flight
         await a.resume()
         seen: list = []
-        task = asyncio.create_task(_collect(a, prompts[3], params, seen))
-        while len(seen) < 5:
-            await asyncio.sleep(0.001)
-        (moved,) = await a.export_inflight()
+        with held(a, after_steps=5) as holding:
+            task = asyncio.create_task(_collect(a, prompts[3], params, seen))
+            await until_held(holding)
+            (moved,) = await a.export_inflight()
         wire, layout = pack_kv(moved.keys, moved.values)
         assert wire.dtype == torch.uint8 and wire.numel() == layout.total_bytes == moved.kv_nbytes
         keys, values = unpack_kv(wire.clone(), layout)
@@ -117,7 +122,7 @@ def test_kv_bytes_round_trip_exactly(pair, prompts):
     assert ids == alone
 
 
-def test_kv_over_mooncake_tcp_continues_exactly(pair, prompts):
+def test_kv_over_mooncake_tcp_continues_exactly(pair, prompts, hold_in_flight):
     pytest.importorskip(
         "mooncake.engine", reason="the mooncake extra (pip install gyre-env[mooncake])"
     )
@@ -128,12 +133,13 @@ def test_kv_over_mooncake_tcp_continues_exactly(pair, prompts):
     transport = MooncakeTransport()
 
     async def run():
+        held, until_held = hold_in_flight
         await a.resume()
         seen: list = []
-        tasks = [asyncio.create_task(_collect(a, p, params, seen)) for p in prompts[:3]]
-        while len(seen) < 6:
-            await asyncio.sleep(0.001)
-        report = await migrate(a, [b], transport=transport, window_s=30.0)
+        with held(a, after_steps=2) as holding:
+            tasks = [asyncio.create_task(_collect(a, p, params, seen)) for p in prompts[:3]]
+            await until_held(holding)
+            report = await migrate(a, [b], transport=transport, window_s=30.0)
         out = await asyncio.gather(*tasks)
         await a.resume()
         return report, out

@@ -49,21 +49,26 @@ async def _stream(engine, prompt, seen):
     return ids
 
 
-async def _switch_under_load(a, b, prompts):
+async def _switch_under_load(a, b, prompts, hold):
+    """Switch ``a`` to training while ``prompts`` stream from it; ``hold`` (the
+    ``hold_in_flight`` fixture) keeps them in flight until the switch takes them."""
+    held, until_held = hold
     seen: list = []
-    tasks = [asyncio.create_task(_stream(a.engine, p, seen)) for p in prompts]
-    while len(seen) < 16:
-        await asyncio.sleep(0.001)
-    record = await a.to_training(serving=[a, b])
-    return record, await asyncio.gather(*tasks)
+    with held(a.engine, after_steps=16) as holding:
+        tasks = [asyncio.create_task(_stream(a.engine, p, seen)) for p in prompts]
+        await until_held(holding)
+        record = await a.to_training(serving=[a, b])
+        return record, await asyncio.gather(*tasks)
 
 
-def test_switch_round_trip_moves_requests_and_serves_new_weights(cells, prompts, make_units):
+def test_switch_round_trip_moves_requests_and_serves_new_weights(
+    cells, prompts, make_units, hold_in_flight
+):
     from gyre_env.trainers.protocol import TrainBatch
 
     a, b = cells()
     alone = [asyncio.run(b.engine.generate(p, GREEDY)).output_ids for p in prompts]
-    record, results = asyncio.run(_switch_under_load(a, b, prompts))
+    record, results = asyncio.run(_switch_under_load(a, b, prompts, hold_in_flight))
     assert results == alone, "every request continued exactly on the other cell"
     assert list(record.phases) == ["stop_admitting", "migrate", "release", "onload"]
     assert record.migration.requests > 0 and record.migration.with_kv > 0
@@ -85,13 +90,13 @@ def test_switch_round_trip_moves_requests_and_serves_new_weights(cells, prompts,
     assert a.stats.mean(Role.ROLLOUT, "resume") == back.phases["resume"]
 
 
-def test_migration_past_its_window_reprefills_and_reports(cells, prompts, caplog):
+def test_migration_past_its_window_reprefills_and_reports(cells, prompts, caplog, hold_in_flight):
     failures = []
     a, b = cells(migration_window_s=0.0)
     a.on_migration_failed = failures.append
     alone = [asyncio.run(b.engine.generate(p, GREEDY)).output_ids for p in prompts]
     with caplog.at_level(logging.WARNING):
-        record, results = asyncio.run(_switch_under_load(a, b, prompts))
+        record, results = asyncio.run(_switch_under_load(a, b, prompts, hold_in_flight))
     assert results == alone, "re-prefilled requests continue exactly"
     m = record.migration
     assert m.failed and m.with_kv == 0 and m.reprefilled == m.requests > 0
@@ -99,11 +104,11 @@ def test_migration_past_its_window_reprefills_and_reports(cells, prompts, caplog
     assert RDMA_TRANSFER_FAILED in caplog.text
 
 
-def test_a_cell_with_no_other_server_drains_before_releasing(cells, prompts):
+def test_a_cell_with_no_other_server_drains_before_releasing(cells, prompts, hold_in_flight):
     a, b = cells()
     b.role = Role.TRAINING  # b does not serve: a has nowhere to move its requests
     alone = [asyncio.run(a.engine.generate(p, GREEDY)).output_ids for p in prompts[:3]]
-    record, results = asyncio.run(_switch_under_load(a, b, prompts[:3]))
+    record, results = asyncio.run(_switch_under_load(a, b, prompts[:3], hold_in_flight))
     assert results == alone and "migrate" not in record.phases
     with pytest.raises(RuntimeError, match="already in TRAINING"):
         asyncio.run(a.to_training())
