@@ -43,13 +43,19 @@ class LocalCells:
         trainer_factory=None,
         proxy_config=None,
         service_factory=None,
+        engine_factory=None,
+        transport=None,
     ):
         """``trainer_factory(model_dir)``: a trainer per cell (default ``TorchTrainer``);
         ``service_factory(engines)``: a started service with ``.proxy`` and ``stop()``
-        (e.g. the agents' ``ModelService``) instead of a bare proxy server."""
+        (e.g. the agents' ``ModelService``) instead of a bare proxy server;
+        ``engine_factory(configs)``: the cells' engines from their ``EmbeddedEngineConfig``
+        fields (default: embedded engines in this process); ``transport``: the cells' KV
+        transport (default: an in-process copy)."""
         self.model_dir, self.tokenizer, self.config = Path(model_dir), tokenizer, config
         self.sink, self.trainer_factory, self.proxy_config = sink, trainer_factory, proxy_config
         self.service_factory, self.service = service_factory, None
+        self.engine_factory, self.transport = engine_factory, transport
         self.cells: list[Cell] = []
         self.proxy = None
         self.costs = SwitchCosts(
@@ -65,17 +71,19 @@ class LocalCells:
         if cfg.cells < 1:
             raise ValueError(f"cells must be >= 1, got {cfg.cells}")
         make_trainer = self.trainer_factory or _torch_trainer
-        engines = [
-            EmbeddedEngine(
-                EmbeddedEngineConfig(
-                    model_path=str(self.model_dir),
-                    name=f"cell{i}",
-                    max_batch_size=cfg.max_batch_size,
-                    context_length=cfg.context_length,
-                )
-            )  # fmt: skip
+        configs = [
+            {
+                "model_path": str(self.model_dir),
+                "name": f"cell{i}",
+                "max_batch_size": cfg.max_batch_size,
+                "context_length": cfg.context_length,
+            }  # fmt: skip
             for i in range(cfg.cells)
         ]
+        if self.engine_factory is not None:
+            engines = list(self.engine_factory(configs))
+        else:
+            engines = [EmbeddedEngine(EmbeddedEngineConfig(**c)) for c in configs]
         if self.service_factory is not None:
             self.service = self.service_factory(engines)
             self.proxy = self.service.proxy
@@ -90,7 +98,7 @@ class LocalCells:
             cell = Cell(
                 i, engine, make_trainer(self.model_dir), board=self.board,
                 router=self.proxy.core.router, costs=self.costs, config=cfg.switch, role=roles[i],
-                migration_lock=lock,
+                migration_lock=lock, transport=self.transport,
             )  # fmt: skip
             self.cells.append(cell)
             self.proxy.call(cell.prepare())

@@ -11,8 +11,11 @@ broadcasts the new weights; ``beat`` runs the heartbeat (``STALE_WEIGHTS_DETECTE
 one placement group for the whole pool, a bundle per cell, each cell's trainer the rank
 actor in its bundle (``RankTrainer`` is the handle the cell holds; ``RayCoreStep`` is the
 driver's step: the training cells' ranks get shares, the serving ones an empty share and
-no pull, the core steps). The serving side (the engines behind the proxy, the agents and
-their sandboxes) stays in the driver's process here: a cell's engine is not an actor yet.
+no pull, the core steps). Each cell's engine is an actor too (``RayEngine``, in the same
+bundle as its rank: ``engines="actors"``, the default), served to the agents by the
+driver's proxy; KV migration between them moves the bytes through Ray's object store.
+``engines="driver"`` keeps the engines in the driver's process. The agents and their
+sandboxes stay with the driver (the sandboxes go to the Docker daemon it names).
 
 With Ray absent this module fails at use with the pip extra to install; in CI Ray runs
 locally (``ray.init(num_cpus=...)``, ``RAY_AUTH_MODE=disabled``).
@@ -45,6 +48,28 @@ class RayGroupConfig:
     trainer_configs: tuple = field(default_factory=tuple)
     """Positional configs after the model folder for every rank's ``TorchTrainer``
     (``(optim_config, loss_config)``; empty: its defaults)."""
+    engines: str = "actors"
+    """``actors``: every cell's engine is a Ray actor in its cell's bundle (``RayEngine``);
+    ``driver``: the engines run in the driver's process."""
+
+    def __post_init__(self):
+        if self.engines not in ENGINE_PLACEMENTS:
+            raise ValueError(f"engines must be one of {ENGINE_PLACEMENTS}, got {self.engines!r}")
+        if self.engines == "actors" and self.gpus_per_rank > 1:
+            raise ValueError(
+                f"engines='actors' shares one device between a cell's rank and its engine "
+                f"(half of it each); gpus_per_rank={self.gpus_per_rank:g} needs "
+                "engines='driver' or SGLang engines"
+            )
+
+    @property
+    def gpu_share(self) -> float:
+        """GPUs the rank actor (and the engine actor) of a cell each request: with engine
+        actors, half the bundle's device each, so that Ray gives both the same one."""
+        return self.gpus_per_rank / 2 if self.engines == "actors" else self.gpus_per_rank
+
+
+ENGINE_PLACEMENTS = ("actors", "driver")
 
 
 class _Rank:
@@ -155,7 +180,7 @@ class RayTrainingGroup:
         self.ranks = [
             actor.options(
                 num_cpus=cfg.cpus_per_rank,
-                num_gpus=cfg.gpus_per_rank,
+                num_gpus=cfg.gpu_share,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=r
                 ),
@@ -273,9 +298,36 @@ class RayCells(LocalCells):
         self.group = RayTrainingGroup(str(self.model_dir), cfg)
         handles = iter(RankTrainer(self.group, r) for r in range(cfg.ranks))
         self.trainer_factory = lambda _model_dir: next(handles)
+        if cfg.engines == "actors":
+            from gyre_env.scheduler.migration import CopyTransport
+
+            self.engine_factory = self._engine_actors
+            self.transport = CopyTransport(name="ray object store (via the driver)")
         self.core = RayCoreStep(self.group, version=self.board.version)
         super().open(initial_roles)
         return self
+
+    def _engine_actors(self, configs: list[dict]) -> list:
+        """Cell ``i``'s engine as an actor in bundle ``i`` (its trainer rank's), sharing
+        the bundle's CPUs (and GPUs) with the rank."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from gyre_env.engines.ray_engine import RayEngine, RayEngineOptions
+
+        cfg = self.group.config
+        return RayEngine.launch(
+            (
+                config,
+                RayEngineOptions(
+                    num_gpus=cfg.gpu_share,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=self.group.pg, placement_group_bundle_index=i
+                    ),
+                    timeout_s=cfg.timeout_s,
+                ),
+            )
+            for i, config in enumerate(configs)
+        )
 
     def load_core(self, trainer_state: dict, version: int) -> None:
         """``LocalCells.load_core`` on the rank actors: the core rank takes

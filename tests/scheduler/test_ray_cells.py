@@ -61,6 +61,7 @@ def test_elastic_driver_on_ray_cells(tiny_path, tokenizer, local_ray):
     """Cells switch at runtime, steps run on the rank actors, the core publishes."""
     from ray.util.placement_group import placement_group_table
 
+    from gyre_env.engines.ray_engine import RayEngine
     from gyre_env.scheduler.elastic import ElasticConfig, ElasticDriver
     from gyre_env.scheduler.local import LocalCellsConfig
     from gyre_env.scheduler.policy import Role, WaterlevelPolicy
@@ -70,8 +71,12 @@ def test_elastic_driver_on_ray_cells(tiny_path, tokenizer, local_ray):
     book = RecordBook()
     config = LocalCellsConfig(cells=2, max_batch_size=8, switch_prior_s=0.05)
     with RayCells(tiny_path, tokenizer, config, sink=book).open() as pool:
-        bundles = placement_group_table(pool.group.pg)["bundles"]
-        assert len(bundles) == 2, "one placement group, a bundle per cell"
+        table = placement_group_table(pool.group.pg)
+        assert len(table["bundles"]) == 2, "one placement group, a bundle per cell"
+        engines = [c.engine for c in pool.cells]
+        assert all(isinstance(e, RayEngine) for e in engines), "the engines are actors too"
+        assert len({e.pid for e in engines} | {os.getpid()}) == 3, "each in its own process"
+        assert [e.node_id for e in engines] == [table["bundles_to_node_id"][i] for i in (0, 1)]
         workload = ToolLoopWorkload(
             pool.proxy.openai_base_url,
             book,
@@ -87,3 +92,5 @@ def test_elastic_driver_on_ray_cells(tiny_path, tokenizer, local_ray):
         assert Role.TRAINING in [r.to for r in result.switches]
         assert pool.board.version == 2 and pool.group.call("version")[0] == 2
         assert pool.group.call("has_optimizer_state") == [True, False]
+        moved = [r.migration for r in result.switches if r.migration is not None]
+        assert all(m.transport == "ray object store (via the driver)" for m in moved)
