@@ -103,6 +103,12 @@ class _Rank:
     def version(self) -> int:
         return self.group.version
 
+    def node(self) -> str:
+        """The Ray node this rank runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def weights(self) -> dict:
         return {k: v.clone() for k, v in self.group.trainer.named_parameters()}
 
