@@ -315,7 +315,11 @@ def main(argv=None) -> int:
         if measured
         else "the runs' own evaluations"
     )
-    print(f"\nheld-out nano pass rate (preset {args.preset}; {how})")
+    iters = sorted({max((i for i, ph, _ in r["curve"] if ph == "rl"), default=0) for r in rows})
+    print(
+        f"\nheld-out nano pass rate (preset {args.preset}, "
+        f"{'/'.join(map(str, iters))} RL iterations; {how})"
+    )
     print("seed  random    sft     rl   control  rl-sft | wall s: sft_record sft_train   rl  eval")
     for r in rows:
         s = r["seconds"]
