@@ -216,8 +216,14 @@ class ProxyServer:
             # millions of long-lived objects (tens of ms of stalled requests each time).
             gc.collect()
             gc.freeze()
-            print(f"gyre proxy listening on {self.base_url}", flush=True)
-            await self._server.serve(sockets=[self._sock])
+            serving = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+            # Say so once the port accepts connections, not before: a client that connected
+            # on the line (a script, the test) was refused while uvicorn was still starting.
+            while not self._server.started and not serving.done():
+                await asyncio.sleep(0.01)
+            if self._server.started:
+                print(f"gyre proxy listening on {self.base_url}", flush=True)
+            await serving
 
         try:
             asyncio.run(main())
