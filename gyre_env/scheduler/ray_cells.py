@@ -370,8 +370,29 @@ def connect(address: str = "auto", **init_kwargs):
         except ConnectionError:
             ray.init(**init_kwargs)
     else:
+        _check_reachable(address)
         ray.init(address=address, **init_kwargs)
     return ray
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A clear error for a cluster address nothing answers at (``ray.init`` would retry
+    for minutes, printing GCS timeouts)."""
+    from gyre_env.train.config import ConfigError
+
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(
+            f"--ray {address!r}: expected auto, local or HOST:PORT (e.g. 10.0.0.1:6379)"
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(
+            f"--ray {address}: no Ray cluster answers there ({e}); start its head with "
+            f"`ray start --head --port={port}` on {host}, or use --ray local"
+        ) from None
 
 
 def _rendezvous() -> str:

@@ -94,3 +94,20 @@ def test_elastic_driver_on_ray_cells(tiny_path, tokenizer, local_ray):
         assert pool.group.call("has_optimizer_state") == [True, False]
         moved = [r.migration for r in result.switches if r.migration is not None]
         assert all(m.transport == "ray object store (via the driver)" for m in moved)
+
+
+def test_a_cluster_address_nothing_answers_at_is_named():
+    """``--ray HOST:PORT`` with no cluster there: one clear error at once, not minutes of
+    GCS retries from ``ray.init``."""
+    import socket
+
+    from gyre_env.scheduler.ray_cells import _check_reachable
+    from gyre_env.train.config import ConfigError
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed once the block ends: nothing listens
+    with pytest.raises(ConfigError, match=f"127.0.0.1:{port}: no Ray cluster answers there"):
+        _check_reachable(f"127.0.0.1:{port}")
+    with pytest.raises(ConfigError, match="expected auto, local or HOST:PORT"):
+        _check_reachable("nonsense")
