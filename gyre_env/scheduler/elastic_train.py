@@ -288,7 +288,9 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
             where = out / "eval-rl"
             if where.exists():  # a resumed run that trained further: keep the earlier one
                 where = out / f"eval-rl-step{len(result.steps)}"
-            evals.append(evaluate_heldout(cfg, out / "model", where, "rl"))
+            warm = max((e["step"] for e in evals), default=0)  # the warm start's steps
+            step = warm + len(result.steps)  # labelled as the sync loop labels its evals
+            evals.append(evaluate_heldout(cfg, out / "model", where, "rl", step))
         for row in evals:
             logger.log("eval", row)
     finally:

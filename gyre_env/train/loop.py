@@ -243,7 +243,8 @@ class _Run:
         self.save()
         self.export(self.out / "model")
 
-    def evaluate(self, phase: str) -> dict:
+    def evaluate(self, phase: str, step: int | None = None) -> dict:
+        """``step``: the optimizer steps the evaluated weights took (default: this run's)."""
         t0 = time.monotonic()
         c = self.cursor
         stats = self.episodes(
@@ -256,7 +257,7 @@ class _Run:
         row = {
             "phase": phase,
             "iteration": c.iteration,
-            "step": self.trainer.version,
+            "step": self.trainer.version if step is None else step,
             "pass_rate": stats.pass_rate,
             "mean_score": stats.mean_score,
             "episodes": len(stats.valid),
@@ -517,10 +518,14 @@ def _check_resumable(cfg: TrainConfig, saved_path: Path) -> None:
         )
 
 
-def evaluate_heldout(cfg: TrainConfig, model: Path, out: Path, phase: str) -> dict:
+def evaluate_heldout(
+    cfg: TrainConfig, model: Path, out: Path, phase: str, step: int | None = None
+) -> dict:
     """Held-out evaluation of the Hugging Face folder ``model`` with ``cfg``'s tasks and
     rollout settings, as a run of its own under ``out``; returns the eval row (what
-    ``gyre train`` logs as ``eval``). The elastic driver evaluates its result with it."""
+    ``gyre train`` logs as ``eval``), labelled with ``step`` (the optimizer steps the
+    weights took; default 0, the evaluation run's own). The elastic driver evaluates its
+    result with it."""
     sub = dataclasses.replace(
         cfg,
         out=str(out),
@@ -531,7 +536,7 @@ def evaluate_heldout(cfg: TrainConfig, model: Path, out: Path, phase: str) -> di
     run = _Run(sub, resume=False)
     try:
         run.open()
-        return run.evaluate(phase)
+        return run.evaluate(phase, step)
     finally:
         run.close()
 

@@ -71,6 +71,10 @@ def test_gyre_train_elastic_switches_roles_and_trains(tmp_path, capsys):
     assert "switches" in printed and "held-out pass rate: random" in printed
     # Warm start (the synchronous loop's phases), then the trained weights evaluated.
     assert [e["phase"] for e in data["evals"]] == ["random", "sft", "rl"]
+    assert [e["step"] for e in data["evals"]][1:] == [data["evals"][1]["step"]] + [
+        data["evals"][1]["step"] + 2
+    ], "the trained weights' eval counts the warm start's steps and the 2 elastic ones"
+    assert f"held-out rl (step {data['evals'][2]['step']})" in printed
     assert (out / "warm-start" / "model-sft").is_dir() and (out / "model").is_dir()
     assert all(e["episodes"] == 2 for e in data["evals"])
     # The run as simulator input: every trained group's episodes with their calls, the
