@@ -271,7 +271,14 @@ class RayEngine:
         self.actor = remote.remote(dict(config))
         self._info = self.actor.info.remote()
         if wait:
+            self._wait_started()
+
+    def _wait_started(self) -> None:
+        try:
             self._started(self._get(self._info))
+        except BaseException:
+            self._ray.kill(self.actor)  # a failed start leaves no actor behind
+            raise
 
     def _started(self, info: dict) -> None:
         self.name: str = info["name"]
@@ -285,8 +292,13 @@ class RayEngine:
         """Start one actor per ``(config, options)`` together, then wait for all (a
         model loads in each at the same time)."""
         engines = [cls(config, options, wait=False) for config, options in specs]
-        for e in engines:
-            e._started(e._get(e._info))
+        try:
+            for e in engines:
+                e._wait_started()
+        except BaseException:
+            for e in engines:
+                e._ray.kill(e.actor)
+            raise
         return engines
 
     # ---- plumbing
@@ -295,6 +307,12 @@ class RayEngine:
             return self._ray.get(ref, timeout=self.options.timeout_s)
         except self._ray.exceptions.RayTaskError as e:
             raise _unwrap(e) from None
+        except self._ray.exceptions.RayActorError as e:  # e.g. its engine failed to load
+            text = str(getattr(e, "error_msg", None) or e)
+            why = [line for line in text.splitlines() if line.strip()][-1:] or [text]
+            raise EngineError(
+                f"engine actor {self.config.name!r} failed: {why[0].strip()}"
+            ) from None
 
     async def _call(self, method: str, *args):
         ref = getattr(self.actor, method).remote(*args)

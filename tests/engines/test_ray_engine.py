@@ -11,7 +11,12 @@ import os
 
 import pytest
 
-from gyre_env.engines.base import ContextLengthError, EnginePausedError, SamplingParams
+from gyre_env.engines.base import (
+    ContextLengthError,
+    EngineError,
+    EnginePausedError,
+    SamplingParams,
+)
 
 if os.environ.get("CI"):
     import ray  # CI installs the extra: a missing one must fail, not skip
@@ -140,3 +145,5 @@ def test_weights_and_errors(actors, prompts, tiny_path):
 
     with pytest.raises(TypeError, match="max_batch"):
         RayEngine({"model_path": str(tiny_path), "max_batch": 8})
+    with pytest.raises(EngineError, match="engine actor 'embedded' failed.*no-such-model"):
+        RayEngine({"model_path": "/no-such-model"})
