@@ -80,7 +80,7 @@ class EngineActor:
         from gyre_env.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
 
         self.engine = EmbeddedEngine(EmbeddedEngineConfig(**config))
-        self._live: dict[int, tuple[str, object]] = {}  # id(request) -> (rid, request)
+        self._live: dict[int, str] = {}  # id(request) -> rid, while its stream is followed
         self._ids = itertools.count()
 
     async def info(self) -> dict:
@@ -111,15 +111,14 @@ class EngineActor:
     async def _follow(self, rid: str, req) -> AsyncIterator:
         from gyre_env.engines.embedded import _DONE
 
-        self._live[id(req)] = (rid, req)
+        self._live[id(req)] = rid
         try:
             while (item := await req.queue.get()) is not _DONE:
                 if isinstance(item, BaseException):
                     raise item
-                if isinstance(item, Moved):
-                    yield item
-                    return
                 yield item
+                if isinstance(item, Moved):
+                    return
             yield Finished(req.prefill_s, req.decode_s)
         finally:
             self._live.pop(id(req), None)
@@ -132,7 +131,7 @@ class EngineActor:
         out = []
         for m in moved:
             req = m.request
-            rid, _ = self._live.get(id(req), (None, None))
+            rid = self._live.get(id(req))
             if rid is None:  # its caller is gone: nothing to continue
                 continue
             out.append((_state(rid, req), m.keys, m.values))
@@ -302,41 +301,39 @@ class RayEngine:
         return engines
 
     # ---- plumbing
-    def _get(self, ref):
+    @contextlib.contextmanager
+    def _errors(self):
+        """Ray's errors as the engine's own: a task's exception is re-raised as it was
+        raised in the actor; a dead actor (or one that failed to start) is an EngineError
+        naming the engine and the cause's last line, not a page of Ray's traceback."""
         try:
-            return self._ray.get(ref, timeout=self.options.timeout_s)
+            yield
         except self._ray.exceptions.RayTaskError as e:
             raise _unwrap(e) from None
-        except self._ray.exceptions.RayActorError as e:  # e.g. its engine failed to load
+        except self._ray.exceptions.RayActorError as e:
             text = str(getattr(e, "error_msg", None) or e)
             why = [line for line in text.splitlines() if line.strip()][-1:] or [text]
             raise EngineError(
                 f"engine actor {self.config.name!r} failed: {why[0].strip()}"
             ) from None
 
+    def _get(self, ref):
+        with self._errors():
+            return self._ray.get(ref, timeout=self.options.timeout_s)
+
     async def _call(self, method: str, *args):
         ref = getattr(self.actor, method).remote(*args)
-        try:
+        with self._errors():
             return await asyncio.wait_for(_await_ref(ref), self.options.timeout_s)
-        except self._ray.exceptions.RayTaskError as e:
-            raise _unwrap(e) from None
-        except self._ray.exceptions.RayActorError as e:
-            raise EngineError(f"{self.name}: its actor died: {e}") from None
 
     async def _first(self, gen):
-        try:
+        with self._errors():
             return await (await gen.__anext__())
-        except self._ray.exceptions.RayTaskError as e:
-            raise _unwrap(e) from None
 
     async def _items(self, gen) -> AsyncIterator:
-        try:
+        with self._errors():
             async for ref in gen:
                 yield await ref
-        except self._ray.exceptions.RayTaskError as e:
-            raise _unwrap(e) from None
-        except self._ray.exceptions.RayActorError as e:
-            raise EngineError(f"{self.name}: its actor died: {e}") from None
 
     # ---- the Engine protocol
     @property
@@ -429,12 +426,9 @@ class RayEngine:
 
     # ---- lifetime
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # a dead actor: kill it anyway
             self._ray.get(self.actor.close.remote(), timeout=60)
-        except Exception:  # noqa: BLE001 - closing a dead actor: kill it anyway
-            pass
-        finally:
-            self._ray.kill(self.actor)
+        self._ray.kill(self.actor)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)

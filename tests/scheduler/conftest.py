@@ -55,3 +55,32 @@ def rl_units(seed: int = 0, episodes: int = 4, version: int = 0):
         )
     units, _ = bounded_samples(build_trees(records, infos), SampleConfig(token_budget=4096))
     return [pack(u) for u in units]
+
+
+@pytest.fixture(scope="session")
+def two_ray_steps():
+    """``run(pool, book, timeout_s)``: the elastic driver on a ``RayCells`` pool for two
+    steps of a tool-loop workload; checks both steps ran, a cell switched to training and
+    the core published version 2; returns the driver's result."""
+    from gyre_env.scheduler.elastic import ElasticConfig, ElasticDriver
+    from gyre_env.scheduler.policy import Role, WaterlevelPolicy
+    from gyre_env.scheduler.workloads import ToolLoopConfig, ToolLoopWorkload
+
+    def run(pool, book, timeout_s: float = 120.0):
+        workload = ToolLoopWorkload(
+            pool.proxy.openai_base_url,
+            book,
+            ToolLoopConfig(group_size=2, turns=2, tool_delay_s=0.3),
+        )
+        driver = ElasticDriver(
+            pool.cells, WaterlevelPolicy(), workload, call=pool.proxy.call,
+            router=pool.proxy.core.router, clock=book.clock, costs=pool.costs, core=pool.core,
+            config=ElasticConfig(steps=2, groups_per_step=1, agent_slots=3, timeout_s=timeout_s),
+        )  # fmt: skip
+        result = driver.run()
+        assert [s["step"] for s in result.steps] == [1, 2]
+        assert Role.TRAINING in [r.to for r in result.switches]
+        assert pool.board.version == 2 and pool.group.call("version")[0] == 2
+        return result
+
+    return run

@@ -57,16 +57,14 @@ def test_ray_placed_core_and_satellite(tiny_path, make_units, local_ray):
         assert all(torch.allclose(w[name], want, atol=1e-5) for w in weights), name
 
 
-def test_elastic_driver_on_ray_cells(tiny_path, tokenizer, local_ray):
+def test_elastic_driver_on_ray_cells(tiny_path, tokenizer, local_ray, two_ray_steps):
     """Cells switch at runtime, steps run on the rank actors, the core publishes."""
     from ray.util.placement_group import placement_group_table
 
     from gyre_env.engines.ray_engine import RayEngine
-    from gyre_env.scheduler.elastic import ElasticConfig, ElasticDriver
     from gyre_env.scheduler.local import LocalCellsConfig
-    from gyre_env.scheduler.policy import Role, WaterlevelPolicy
     from gyre_env.scheduler.ray_cells import RayCells
-    from gyre_env.scheduler.workloads import RecordBook, ToolLoopConfig, ToolLoopWorkload
+    from gyre_env.scheduler.workloads import RecordBook
 
     book = RecordBook()
     config = LocalCellsConfig(cells=2, max_batch_size=8, switch_prior_s=0.05)
@@ -77,20 +75,7 @@ def test_elastic_driver_on_ray_cells(tiny_path, tokenizer, local_ray):
         assert all(isinstance(e, RayEngine) for e in engines), "the engines are actors too"
         assert len({e.pid for e in engines} | {os.getpid()}) == 3, "each in its own process"
         assert [e.node_id for e in engines] == [table["bundles_to_node_id"][i] for i in (0, 1)]
-        workload = ToolLoopWorkload(
-            pool.proxy.openai_base_url,
-            book,
-            ToolLoopConfig(group_size=2, turns=2, tool_delay_s=0.3),
-        )
-        driver = ElasticDriver(
-            pool.cells, WaterlevelPolicy(), workload, call=pool.proxy.call,
-            router=pool.proxy.core.router, clock=book.clock, costs=pool.costs, core=pool.core,
-            config=ElasticConfig(steps=2, groups_per_step=1, agent_slots=3, timeout_s=120),
-        )  # fmt: skip
-        result = driver.run()
-        assert [s["step"] for s in result.steps] == [1, 2]
-        assert Role.TRAINING in [r.to for r in result.switches]
-        assert pool.board.version == 2 and pool.group.call("version")[0] == 2
+        result = two_ray_steps(pool, book, timeout_s=120)
         assert pool.group.call("has_optimizer_state") == [True, False]
         moved = [r.migration for r in result.switches if r.migration is not None]
         assert all(m.transport == "ray object store (via the driver)" for m in moved)

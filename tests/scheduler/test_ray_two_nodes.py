@@ -39,14 +39,12 @@ def two_nodes():
         cluster.shutdown()
 
 
-def test_cells_spread_over_two_nodes(tiny_path, tokenizer, two_nodes):
+def test_cells_spread_over_two_nodes(tiny_path, tokenizer, two_nodes, two_ray_steps):
     from ray.util.placement_group import placement_group_table
 
-    from gyre_env.scheduler.elastic import ElasticConfig, ElasticDriver
     from gyre_env.scheduler.local import LocalCellsConfig
-    from gyre_env.scheduler.policy import Role, WaterlevelPolicy
     from gyre_env.scheduler.ray_cells import RayCells, RayGroupConfig
-    from gyre_env.scheduler.workloads import RecordBook, ToolLoopConfig, ToolLoopWorkload
+    from gyre_env.scheduler.workloads import RecordBook
 
     nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert len(nodes) == 2
@@ -59,17 +57,4 @@ def test_cells_spread_over_two_nodes(tiny_path, tokenizer, two_nodes):
         assert set(bundle_nodes) == nodes, "one cell per node"
         assert pool.group.call("node") == bundle_nodes, "each rank on its bundle's node"
         assert [c.engine.node_id for c in pool.cells] == bundle_nodes, "each engine too"
-        workload = ToolLoopWorkload(
-            pool.proxy.openai_base_url,
-            book,
-            ToolLoopConfig(group_size=2, turns=2, tool_delay_s=0.3),
-        )
-        driver = ElasticDriver(
-            pool.cells, WaterlevelPolicy(), workload, call=pool.proxy.call,
-            router=pool.proxy.core.router, clock=book.clock, costs=pool.costs, core=pool.core,
-            config=ElasticConfig(steps=2, groups_per_step=1, agent_slots=3, timeout_s=240),
-        )  # fmt: skip
-        result = driver.run()
-        assert [s["step"] for s in result.steps] == [1, 2]
-        assert Role.TRAINING in [r.to for r in result.switches]
-        assert pool.board.version == 2 and pool.group.call("version")[0] == 2
+        two_ray_steps(pool, book, timeout_s=240)
