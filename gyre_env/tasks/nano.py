@@ -32,6 +32,12 @@ from pathlib import Path
 from gyre_env.tasks.task import Task, load_task
 
 SPLITS = ("train", "heldout")
+TUNING_SPLITS = ("fit", "validation")
+"""The train split cut in two for tuning: ``validation`` takes, per template, the
+``HELDOUT_PERCENT`` of the train keys (at least one) with the lowest stable hash, the way
+``heldout`` is cut from all keys, so it is built like the held-out split; ``fit`` is the
+rest of ``train``. Choose settings by training on ``fit`` and evaluating on
+``validation``; then train on ``train`` and report ``heldout``, which no choice has seen."""
 NAME_MODES = ("varied", "fixed")
 """``varied``: each template's pool of function names (the name must be copied from the
 spec); ``fixed``: every function is ``solve`` (what varies is the operation, the
@@ -480,6 +486,27 @@ def split_of(key: tuple[str, str, str]) -> str:
     return "heldout" if key in heldout_keys() else "train"
 
 
+@functools.cache
+def validation_keys() -> frozenset[tuple[str, str, str]]:
+    """The variant keys of the ``validation`` split (``TUNING_SPLITS``), all in ``train``."""
+    out = set()
+    for t in TEMPLATES:
+        for names in NAME_MODES:
+            keys = {v.key for v in _template_variants(t, names)}
+            keys = sorted((k for k in keys if split_of(k) == "train"), key=_rank)
+            out.update(keys[: max(1, round(len(keys) * HELDOUT_PERCENT / 100))])
+    return frozenset(out)
+
+
+def in_split(key: tuple[str, str, str], split: str) -> bool:
+    """Whether a variant key belongs to ``split`` (one of ``SPLITS + TUNING_SPLITS``)."""
+    if split in SPLITS:
+        return split_of(key) == split
+    if split == "validation":
+        return key in validation_keys()
+    return split_of(key) == "train" and key not in validation_keys()
+
+
 def all_variants(names: str = "varied") -> list[Variant]:
     """Every variant of every template, in a fixed order."""
     if names not in NAME_MODES:
@@ -594,13 +621,13 @@ def sample_variants(
 ) -> list[Variant]:
     """``count`` variants of ``split`` (all when None), round-robin over the templates in a
     seeded order, each template's variants in a seeded order: balanced and deterministic."""
-    if split not in SPLITS:
-        raise ValueError(f"split {split!r} is not one of {SPLITS}")
+    if split not in SPLITS + TUNING_SPLITS:
+        raise ValueError(f"split {split!r} is not one of {SPLITS + TUNING_SPLITS}")
     rng = random.Random(f"nano|{split}|{seed}" + ("" if names == "varied" else f"|{names}"))
     pools: dict[str, list[Variant]] = {}
     keep = select_templates(only)
     for v in all_variants(names):
-        if v.template.key in keep and split_of(v.key) == split:
+        if v.template.key in keep and in_split(v.key, split):
             pools.setdefault(v.template.key, []).append(v)
     for pool in pools.values():
         rng.shuffle(pool)

@@ -17,6 +17,7 @@ without this driver.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import random
@@ -33,6 +34,7 @@ import numpy as np
 from gyre_env.train.checkpoint import Cursor, load_checkpoint, save_checkpoint, save_cursor
 from gyre_env.train.config import ConfigError, TrainConfig
 from gyre_env.train.rollout import RolloutStats, run_episodes
+from gyre_env.trajectory.sampling import episode_reward
 
 log = logging.getLogger(__name__)
 
@@ -408,7 +410,9 @@ class _Run:
                 reward_mean=float(scores.mean()) if len(scores) else 0.0,
                 reward_std=float(scores.std()) if len(scores) else 0.0,
                 pass_rate=stats.pass_rate,
-                zero_variance_groups=stats.zero_variance_groups(),
+                zero_variance_groups=stats.zero_variance_groups(
+                    functools.partial(episode_reward, cfg=cfg.sample_config())
+                ),
                 episodes=len(stats.results),
                 infra_errors=stats.infra_errors,
                 rollout_tokens_per_s=stats.sampled_tokens / stats.wall_s if stats.wall_s else 0.0,
@@ -637,12 +641,18 @@ def split_pool(cfg: TrainConfig, train: list) -> tuple[list, list]:
 def load_tasks(cfg: TrainConfig):
     """(training pool, held-out tasks); the nano suite's splits are disjoint."""
     t = cfg.tasks
+    if t.eval_split not in ("heldout", "validation"):
+        raise ConfigError(
+            f"tasks.eval_split: must be 'heldout' or 'validation', got {t.eval_split!r}"
+        )
+    tuning = t.eval_split == "validation"
     if t.suite == "nano":
         from gyre_env.tasks.nano import nano_tasks
 
+        fit, evaluate = ("fit", "validation") if tuning else ("train", "heldout")
         try:
-            train = nano_tasks("train", t.train_count, seed=t.seed, **t.suite_kwargs)
-            heldout = nano_tasks("heldout", t.heldout_count, seed=t.seed, **t.suite_kwargs)
+            train = nano_tasks(fit, t.train_count, seed=t.seed, **t.suite_kwargs)
+            heldout = nano_tasks(evaluate, t.heldout_count, seed=t.seed, **t.suite_kwargs)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"tasks: {e}") from e
     else:
@@ -653,12 +663,14 @@ def load_tasks(cfg: TrainConfig):
         except (KeyError, TypeError, ValueError, FileNotFoundError) as e:
             raise ConfigError(f"tasks: suite {t.suite!r}: {e}") from e
         order = np.random.default_rng(t.seed).permutation(len(tasks))
+        if tuning:  # the held-out tasks leave; the next heldout_count validate
+            order = order[t.heldout_count :]
         heldout = [tasks[i] for i in order[: t.heldout_count]]
         train = [tasks[i] for i in order[t.heldout_count :]][: t.train_count]
     if not train:
         raise ConfigError(f"tasks: suite {t.suite!r} gives no training tasks")
     if not heldout:
-        raise ConfigError(f"tasks: suite {t.suite!r} gives no held-out tasks")
+        raise ConfigError(f"tasks: suite {t.suite!r} gives no {t.eval_split} tasks")
     if cfg.sft.trajectories and cfg.sft.steps and not any(x.gold_dir for x in train):
         raise ConfigError("sft: no training task has a gold solution to replay")
     return train, heldout

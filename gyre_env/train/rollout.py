@@ -54,11 +54,12 @@ class RolloutStats:
     def sampled_tokens(self) -> int:
         return sum(r.tokens for r in self.results)
 
-    def zero_variance_groups(self) -> float:
-        """Share of groups whose valid attempts all scored the same (no GRPO signal)."""
+    def zero_variance_groups(self, reward=float) -> float:
+        """Share of groups whose valid attempts all got the same reward (no GRPO signal);
+        ``reward`` maps a score to the reward trained on (``sampling.episode_reward``)."""
         groups: dict[str, list[float]] = {}
         for r in self.valid:
-            groups.setdefault(r.group, []).append(r.score)
+            groups.setdefault(r.group, []).append(reward(r.score))
         if not groups:
             return 0.0
         return float(np.mean([len(set(v)) <= 1 for v in groups.values()]))

@@ -59,6 +59,16 @@ class SampleConfig:
     """Divide advantages by the group's reward std (GRPO); off = Dr. GRPO style."""
     std_eps: float = 1e-6
     """Added to the std before dividing."""
+    reward: Literal["score", "pass"] = "score"
+    """What an episode's reward is in its group: ``score``, the graded score as stored
+    (partial credit: the share of hidden tests passed, or the env's shaped return);
+    ``pass``, 1 when the score reaches ``pass_threshold`` and 0 otherwise, the objective
+    of a pass-rate metric. Partial credit rewards an attempt that is well-formed but
+    wrong (on nano, any function of the right return type passes 1 test of 4) whenever
+    its group holds worse ones, which reinforces the wrong answer when no attempt was
+    right; with ``pass`` such a group has no signal."""
+    pass_threshold: float = 1.0
+    """Score at or above which an episode counts as passed (``reward = "pass"``)."""
     negative_scale: float = 1.0
     """Factor on below-mean advantages. 1 is GRPO; 0 trains only on the group's better
     attempts (rejection-sampling RL, RAFT / Reinforce-Rej: the failures' gradient, which
@@ -87,6 +97,8 @@ class SampleConfig:
             raise ValueError(
                 f"max_paths_per_episode must be >= 1, got {self.max_paths_per_episode}"
             )
+        if self.reward not in ("score", "pass"):
+            raise ValueError(f"reward must be 'score' or 'pass', got {self.reward!r}")
         if self.overflow not in ("truncate", "error"):
             raise ValueError(f"overflow must be 'truncate' or 'error', got {self.overflow!r}")
 
@@ -124,12 +136,19 @@ class SampleStats:
     """Paths left out because their episodes already gave ``max_paths_per_episode``."""
 
 
+def episode_reward(score: float, cfg: SampleConfig) -> float:
+    """The reward an episode with this stored score has under ``cfg.reward``."""
+    if cfg.reward == "pass":
+        return float(score >= cfg.pass_threshold)
+    return float(score)
+
+
 def group_advantages(tree: TokenTree, cfg: SampleConfig) -> dict[str, float]:
     """GRPO advantages of the tree's trainable episodes (excluded outcomes left out)."""
     sessions = [s for s, e in tree.episodes.items() if e.outcome not in cfg.exclude_outcomes]
     if not sessions:
         return {}
-    rewards = np.array([tree.episodes[s].reward for s in sessions], dtype=np.float64)
+    rewards = np.array([episode_reward(tree.episodes[s].reward, cfg) for s in sessions])
     adv = rewards - rewards.mean()
     if cfg.normalize_std:
         adv = adv / (rewards.std() + cfg.std_eps)

@@ -13,7 +13,9 @@ from gyre_env.tasks.check import check_tasks, run_preflight
 from gyre_env.tasks.nano import (
     SPLITS,
     TEMPLATES,
+    TUNING_SPLITS,
     all_variants,
+    in_split,
     materialise,
     render,
     sample_variants,
@@ -60,6 +62,20 @@ def test_splits_are_disjoint_by_variant_not_only_by_id():
         assert {split_of(v.key) for v in all_variants() if v.template is t} == set(SPLITS)
     drawn = {s: sample_variants(s, None, seed=0) for s in SPLITS}
     assert not {v.key for v in drawn["train"]} & {v.key for v in drawn["heldout"]}
+
+
+def test_validation_and_fit_partition_the_train_split_like_heldout_is_cut():
+    for names in ("varied", "fixed"):
+        keys = {v.key for v in all_variants(names)}
+        part = {s: {k for k in keys if in_split(k, s)} for s in SPLITS + TUNING_SPLITS}
+        assert part["fit"] | part["validation"] == part["train"]
+        assert not part["fit"] & part["validation"] and not part["validation"] & part["heldout"]
+        assert 0.15 < len(part["validation"]) / len(part["train"]) < 0.3
+        for t in TEMPLATES:  # every template validates and fits
+            mine = {s: {k for k in part[s] if k[0] == t.key} for s in TUNING_SPLITS}
+            assert all(mine.values()), (t.key, names)
+    drawn = {s: {v.key for v in sample_variants(s, None, seed=0)} for s in TUNING_SPLITS}
+    assert not drawn["fit"] & drawn["validation"]
 
 
 def test_thousands_of_variants_many_templates_balanced_draws():

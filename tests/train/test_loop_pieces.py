@@ -5,9 +5,11 @@ the same list again for a resumed run)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from gyre_env.proxy.records import CallRecord
-from gyre_env.train.config import TrainConfig, apply_overrides
+from gyre_env.tasks import nano_tasks
+from gyre_env.train.config import ConfigError, TrainConfig, apply_overrides
 from gyre_env.train.loop import load_tasks, rl_minibatches, split_pool
 from gyre_env.trajectory.tree import EpisodeInfo, build_trees
 
@@ -105,3 +107,28 @@ def test_sft_gold_tasks_are_seeded_and_rl_can_leave_them_out():
     # by default RL samples the whole pool (gold is never in the RL loop either way)
     both = apply_overrides(cfg, ["tasks.rl_includes_sft_tasks=true"])
     assert split_pool(both, train) == (gold, train)
+
+
+def test_pass_reward_gives_partial_credit_groups_no_signal():
+    """``algorithm.sample.reward = "pass"``: a group whose best attempt only passed some
+    tests (0.25 against 0.0: well-formed but wrong) has nothing to reinforce."""
+    rng = np.random.default_rng(0)
+    trees = [_group(rng, "partial", [0.0, 0.25, 0.0]), _group(rng, "solved", [0.0, 1.0, 0.25])]
+    mbs, skipped = rl_minibatches(trees, _cfg(), rng)
+    assert skipped == 0  # by score both groups have signal
+    cfg = _cfg("algorithm.sample={reward='pass', negative_scale=0.0}")
+    mbs, skipped = rl_minibatches(trees, cfg, np.random.default_rng(0))
+    assert skipped == 1 and _groups(mbs, trees) == [["solved"]]
+
+
+def test_validation_split_is_cut_from_the_training_pool_and_leaves_heldout_out():
+    sets = ["tasks.train_count=20", "tasks.heldout_count=6",
+            "tasks.suite_kwargs={names='fixed', only='upper,reverse'}"]  # fmt: skip
+    train, heldout = load_tasks(_cfg(*sets))
+    fit, validation = load_tasks(_cfg(*sets, "tasks.eval_split='validation'"))
+    ids = {t.id for t in fit}, {t.id for t in validation}, {t.id for t in heldout}
+    assert not ids[0] & ids[1] and not (ids[0] | ids[1]) & ids[2]
+    whole = nano_tasks("train", None, names="fixed", only="upper,reverse")
+    assert ids[0] | ids[1] <= {t.id for t in whole}  # both are parts of the train split
+    with pytest.raises(ConfigError, match="tasks.eval_split.*'test'"):
+        load_tasks(_cfg(*sets, "tasks.eval_split='test'"))
