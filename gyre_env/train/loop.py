@@ -268,7 +268,7 @@ class _Run:
         self.logger.log("eval", row)
         self.evals.append(row)
         _say(
-            f"held-out {phase} (step {row['step']}): pass rate {stats.pass_rate:.3f}, "
+            f"{_eval_label(self.cfg)} {phase} (step {row['step']}): pass rate {stats.pass_rate:.3f}, "
             f"mean score {stats.mean_score:.3f} over {len(stats.valid)} episodes"
         )
         return row
@@ -475,7 +475,7 @@ class _Run:
         for phase in ("random", "sft", "rl"):
             rate = summary.pass_rate(phase)
             if rate is not None:
-                _say(f"held-out pass rate, {phase}: {rate:.3f}")
+                _say(f"{_eval_label(self.cfg)} pass rate, {phase}: {rate:.3f}")
         _say(f"wall time {summary.wall_s:.0f}s; run folder {self.out}")
 
 
@@ -636,6 +636,10 @@ def split_pool(cfg: TrainConfig, train: list) -> tuple[list, list]:
         return gold, list(train)
     taken = {t.id for t in gold}
     return gold, [t for t in train if t.id not in taken] or list(train)
+
+
+def _eval_label(cfg: TrainConfig) -> str:
+    return "held-out" if cfg.tasks.eval_split == "heldout" else cfg.tasks.eval_split
 
 
 def load_tasks(cfg: TrainConfig):
