@@ -648,6 +648,11 @@ def sample_variants(
     return chosen
 
 
+def fit_size(seed: int | str = 0, names: str = "varied", only: str | None = None) -> int:
+    """How many variants the ``fit`` split holds for these ``nano_tasks`` options."""
+    return len(sample_variants("fit", None, int(seed), names, only))
+
+
 def nano_tasks(
     split: str = "train",
     count: int | str | None = 256,

@@ -65,8 +65,9 @@ class TasksConfig:
     """What the evaluations measure: ``heldout``; or ``validation``, for choosing settings
     without looking at the held-out tasks: a validation set is cut out of the training
     pool and the rest trains (nano: the ``fit`` and ``validation`` splits,
-    ``gyre_env.tasks.nano.TUNING_SPLITS``; another suite: the ``heldout_count`` tasks
-    after the held-out ones); the held-out tasks are then neither trained nor evaluated."""
+    ``gyre_env.tasks.nano.TUNING_SPLITS``, ``train_count`` capped at the fit split's
+    size; another suite: the ``heldout_count`` tasks after the held-out ones); the
+    held-out tasks are then neither trained nor evaluated."""
     rl_includes_sft_tasks: bool = True
     """RL samples from the whole training pool, SFT's gold tasks included (their gold is
     never in the RL loop: RL sees only its own attempts and their rewards). False: RL

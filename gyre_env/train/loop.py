@@ -651,11 +651,15 @@ def load_tasks(cfg: TrainConfig):
         )
     tuning = t.eval_split == "validation"
     if t.suite == "nano":
-        from gyre_env.tasks.nano import nano_tasks
+        from gyre_env.tasks.nano import fit_size, nano_tasks
 
         fit, evaluate = ("fit", "validation") if tuning else ("train", "heldout")
         try:
-            train = nano_tasks(fit, t.train_count, seed=t.seed, **t.suite_kwargs)
+            count = t.train_count
+            if tuning:  # fit is train less validation: a count sized for train caps at it
+                kw = t.suite_kwargs
+                count = min(count, fit_size(t.seed, kw.get("names", "varied"), kw.get("only")))
+            train = nano_tasks(fit, count, seed=t.seed, **t.suite_kwargs)
             heldout = nano_tasks(evaluate, t.heldout_count, seed=t.seed, **t.suite_kwargs)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"tasks: {e}") from e

@@ -132,3 +132,17 @@ def test_validation_split_is_cut_from_the_training_pool_and_leaves_heldout_out()
     assert ids[0] | ids[1] <= {t.id for t in whole}  # both are parts of the train split
     with pytest.raises(ConfigError, match="tasks.eval_split.*'test'"):
         load_tasks(_cfg(*sets, "tasks.eval_split='test'"))
+
+
+def test_a_training_count_sized_for_the_train_split_caps_at_the_fit_split():
+    """The preset trains on the whole train split; tuned on validation it trains on all of
+    fit (a smaller split), instead of refusing the count."""
+    sets = ["tasks.suite_kwargs={names='fixed', only='upper,reverse'}", "tasks.heldout_count=4"]
+    whole = nano_tasks("train", None, names="fixed", only="upper,reverse")
+    fit, validation = load_tasks(
+        _cfg(*sets, f"tasks.train_count={len(whole)}", "tasks.eval_split='validation'")
+    )
+    assert len(validation) == 4
+    assert len(fit) == len(whole) - len(
+        nano_tasks("validation", None, names="fixed", only="upper,reverse")
+    )
