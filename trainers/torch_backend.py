@@ -159,7 +159,34 @@ class TorchTrainer:
         self._version += 1
         return step_metrics(sums, batch, grad_norm, lr, time.perf_counter() - start)
 
-    def _microbatch(self, packed, t: dict, rl: bool, agg: str, normalizer: float):
+    def accumulate_grads(self, units, kind: str, normalizer: float, version: int) -> dict:
+        """Forward and backward over ``units`` into the parameters' ``.grad`` (not zeroed
+        first), the loss normalized by ``normalizer`` (the whole step's) at the core's
+        ``version``: a satellite's or the core's share of an elastic step, the same loss
+        as ``train_step``. With ``kl_coef > 0`` the reference must already be set (every
+        rank's the same weights: ``set_reference`` when RL starts). Returns the summed
+        loss and tokens."""
+        rl = kind == "rl"
+        if rl and self.loss.kl_coef > 0 and self.reference is None:
+            raise RuntimeError(
+                "kl_coef > 0 but this trainer has no KL reference: call set_reference() on "
+                "every rank's trainer when RL starts, before any of them steps"
+            )
+        if not units:
+            return {"loss": 0.0, "tokens": 0.0}
+        if self._offloaded:
+            raise RuntimeError("the trainer is offloaded; call onload() first")
+        batch = TrainBatch(units=list(units), kind=kind)
+        agg = self.loss.aggregation if rl else "token"
+        tensors = [u.tensors(self.device) for u in batch.units]  # threads: the caller's
+        sums = accumulate(
+            batch, tensors, lambda p, t: self._microbatch(p, t, rl, agg, normalizer, version)
+        )
+        return {"loss": sums["loss"], "tokens": float(batch.num_tokens)}
+
+    def _microbatch(
+        self, packed, t: dict, rl: bool, agg: str, normalizer: float, version: int | None = None
+    ):
         cfg = self.loss
         attn = attention_for(
             packed,
@@ -173,8 +200,9 @@ class TorchTrainer:
         if rl and cfg.kl_coef > 0:
             extra["reference"] = self.logprobs(t, attn, model=self.reference)
         lp, ent = self._forward(t, attn, temperature=cfg.temperature if rl else 1.0)
+        version = self._version if version is None else version
         return unit_loss(
-            t, lp, ent, extra, cfg, rl=rl, agg=agg, normalizer=normalizer, version=self._version
+            t, lp, ent, extra, cfg, rl=rl, agg=agg, normalizer=normalizer, version=version
         )
 
     @torch.no_grad()

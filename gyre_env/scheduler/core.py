@@ -42,37 +42,13 @@ def share_normalizer(trainer, units: Sequence, kind: str, version: int) -> float
     return float(step_normalizer(tensors, agg, current_version=version, max_staleness=limit))
 
 
-def accumulate(trainer, units: Sequence, kind: str, normalizer: float, version: int) -> dict:
-    """Forward and backward over ``units`` into the model's ``.grad`` (not zeroed first);
-    the same loss as ``TorchTrainer.train_step``. Returns summed metrics."""
-    from gyre_env.trainers.hf_tree import attention_for, tree_logprobs
-    from gyre_env.trainers.losses import LossTerms, policy_loss, sft_loss
-
-    cfg, tcfg, rl = trainer.loss, trainer.config, kind == "rl"
-    if rl and cfg.kl_coef > 0:
-        raise NotImplementedError("a KL reference model is not supported with satellites yet")
-    agg = cfg.aggregation if rl else "token"
-    sums = {"loss": 0.0, "tokens": 0.0}
-    for packed in units:
-        t = packed.tensors(trainer.device)
-        attn = attention_for(
-            packed, device=trainer.device, dense_max_tokens=tcfg.dense_max_tokens,
-            block_size=tcfg.block_size,
-        )  # fmt: skip
-        extra = {}
-        if rl and cfg.policy_loss == "decoupled":
-            extra["proximal"] = trainer.logprobs(t, attn)
-        temperature = cfg.temperature if rl else 1.0
-        lp, ent = tree_logprobs(trainer.model, t, attn, temperature=temperature, with_entropy=True)
-        terms = LossTerms.from_batch(t, lp, agg, entropy=ent, **extra)
-        if rl:
-            loss, _ = policy_loss(terms, cfg, normalizer=normalizer, current_version=version)
-        else:
-            loss, _ = sft_loss(terms, normalizer=normalizer)
-        loss.backward()
-        sums["loss"] += float(loss.detach())
-        sums["tokens"] += float(len(packed))
-    return sums
+def with_reference(trainer):
+    """``trainer``, its KL reference set now when its loss has ``kl_coef > 0``: a cell's
+    trainer is built from the warm-start weights, so every rank freezes the same reference
+    (set at its first step instead, a cell that served first would freeze newer weights)."""
+    if trainer.loss.kl_coef > 0 and trainer.reference is None:
+        trainer.set_reference()
+    return trainer
 
 
 def apply_step(trainer) -> dict:
@@ -100,10 +76,10 @@ def split_units(units: Sequence, shares: int) -> list[list]:
 
 
 class CoreStep:
-    """One optimizer step over the core trainer and in-process satellite trainers: the
-    torch backend through :func:`accumulate` / :func:`apply_step`, a backend that keeps
-    its own gradient buffers (Megatron's DDP: ``main_grad``) through its
-    ``zero_grads`` / ``accumulate_grads`` / ``grad_buffers`` / ``apply_grads``."""
+    """One optimizer step over the core trainer and in-process satellite trainers, each
+    computing its share through ``accumulate_grads``: the torch backend into ``.grad``,
+    then :func:`apply_step`; a backend that keeps its own gradient buffers (Megatron's
+    DDP: ``main_grad``) through its ``zero_grads`` / ``grad_buffers`` / ``apply_grads``."""
 
     def __init__(self, core_trainer, *, version: int = 0):
         self.core = core_trainer
@@ -136,10 +112,7 @@ class CoreStep:
             self.core.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "tokens": 0.0}
         for trainer, share in zip(trainers, shares, strict=True):
-            if buffered:
-                part = trainer.accumulate_grads(share, kind, norm, self.version)
-            else:
-                part = accumulate(trainer, share, kind, norm, self.version)
+            part = trainer.accumulate_grads(share, kind, norm, self.version)
             sums = {k: sums[k] + part[k] for k in sums}
         with torch.no_grad():
             for sat in (t for t in trainers if t is not self.core):
@@ -217,7 +190,7 @@ class TrainingGroup:
         params = list(self.trainer.model.parameters())
         for p in params:
             p.grad = None
-        sums = accumulate(self.trainer, share, kind, max(float(norm), 1.0), self.core_version)
+        sums = self.trainer.accumulate_grads(share, kind, max(float(norm), 1.0), self.core_version)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = _flat(grads)
         dist.reduce(flat, dst=0)

@@ -162,6 +162,7 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
     from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
     from gyre_env.engines.tiny import load_tokenizer
     from gyre_env.proxy.serving import ModelService, ModelServiceConfig
+    from gyre_env.scheduler.core import with_reference
     from gyre_env.scheduler.elastic import CallClock, DriverState, ElasticConfig, ElasticDriver
     from gyre_env.scheduler.local import LocalCells, LocalCellsConfig
     from gyre_env.scheduler.policy import WaterlevelPolicy
@@ -227,7 +228,9 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
             from gyre_env.trainers.megatron import MegatronTrainer as trainer_class
         pool = LocalCells(
             model_dir, tokenizer, cells_config, service_factory=service,
-            trainer_factory=lambda d: trainer_class(d, cfg.optim_config(), cfg.loss_config()),
+            trainer_factory=lambda d: with_reference(
+                trainer_class(d, cfg.optim_config(), cfg.loss_config())
+            ),
         )  # fmt: skip
     else:
         import ray as ray_module

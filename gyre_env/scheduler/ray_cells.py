@@ -78,13 +78,13 @@ class _Rank:
     def __init__(self, model_dir: str, rank: int, world: int, init_method: str, cfg: dict):
         import torch
 
-        from gyre_env.scheduler.core import GroupConfig, TrainingGroup
+        from gyre_env.scheduler.core import GroupConfig, TrainingGroup, with_reference
         from gyre_env.scheduler.versions import HeartbeatConfig
         from gyre_env.trainers.torch_backend import TorchTrainer
 
         torch.set_num_threads(1)
         self.group = TrainingGroup(
-            TorchTrainer(model_dir, *cfg.get("trainer_configs", ())),
+            with_reference(TorchTrainer(model_dir, *cfg.get("trainer_configs", ()))),
             GroupConfig(
                 rank=rank, world_size=world, init_method=init_method, backend=cfg["backend"],
                 timeout_s=cfg["timeout_s"],

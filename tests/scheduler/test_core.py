@@ -36,24 +36,37 @@ def test_split_units_balances_tokens(make_units):
     assert all(shares)
 
 
-def test_in_process_core_step_equals_one_train_step(tiny_path, make_units):
+@pytest.mark.parametrize("kl_coef", [0.0, 0.5])
+def test_in_process_core_step_equals_one_train_step(tiny_path, make_units, kl_coef):
+    """With a KL term too: every trainer of the step freezes its reference when it is
+    built (``with_reference``), the single trainer at its first step: the same weights."""
+    from gyre_env.trainers.losses import LossConfig
     from gyre_env.trainers.protocol import TrainBatch
-    from gyre_env.trainers.torch_backend import TorchTrainer
+    from gyre_env.trainers.torch_backend import TorchTrainer, TorchTrainerConfig
 
-    reference = TorchTrainer(tiny_path)
-    core = TorchTrainer(tiny_path)
-    satellites = [TorchTrainer(tiny_path) for _ in range(2)]
+    from gyre_env.scheduler.core import with_reference
+
+    def trainer():
+        return with_reference(
+            TorchTrainer(tiny_path, TorchTrainerConfig(), LossConfig(kl_coef=kl_coef))
+        )
+
+    reference = TorchTrainer(tiny_path, TorchTrainerConfig(), LossConfig(kl_coef=kl_coef))
+    core = trainer()
+    satellites = [trainer() for _ in range(2)]
     step = CoreStep(core)
-    for units in _batches(make_units, steps=2):
+    for i, units in enumerate(_batches(make_units, steps=3)):
         want = reference.train_step(TrainBatch(units=units, kind="rl"))
         got = step.step(units, satellites)
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-6)
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+        if kl_coef and i:  # the KL term is in the loss once the weights moved
+            assert want["kl_ref"] > 0
         _assert_same_weights(core, reference)
         for sat in satellites:  # pull the published version
             sat.model.load_state_dict(core.model.state_dict())
             assert not sat.optimizer.state, "satellites never step"
-    assert step.version == 2
+    assert step.version == 3
 
 
 def test_heartbeat_interval_adapts_and_flags_stale_cells(caplog):

@@ -187,23 +187,28 @@ def test_three_train_steps_equal_the_torch_backend(megatron_world, model_dir, lo
     assert moved > 10 * TOL and meg.version == 3  # the steps did change the weights
 
 
-@pytest.mark.parametrize("loss", [LossConfig(policy_loss="decoupled", entropy_coef=0.01), None])
+@pytest.mark.parametrize(
+    "loss", [LossConfig(policy_loss="decoupled", entropy_coef=0.01, kl_coef=0.1), None]
+)
 def test_a_core_cell_and_a_satellite_step_as_one_train_step(megatron_world, model_dir, loss):
     """The elastic core cell on the Megatron backend: the core and a satellite each take
     a share of the batch into their grad buffers, the core sums them and steps: the
-    weights equal one ``train_step`` over the whole batch (and the torch core's)."""
+    weights equal one ``train_step`` over the whole batch (and the torch core's). With a
+    KL term, every cell's trainer freezes its reference when built (``with_reference``)."""
     from gyre_env.trainers.megatron import MegatronTrainer, MegatronTrainerConfig
 
-    from gyre_env.scheduler.core import CoreStep
+    from gyre_env.scheduler.core import CoreStep, with_reference
 
     rng = np.random.default_rng(5)
     kind = "rl" if loss else "sft"
     loss = loss or LossConfig()
     common = dict(lr=3e-3, warmup_steps=2, device="cpu", grad_clip=0.01)
     whole = MegatronTrainer(model_dir, MegatronTrainerConfig(**common), loss)
-    core = MegatronTrainer(model_dir, MegatronTrainerConfig(**common), loss)
-    satellite = MegatronTrainer(model_dir, MegatronTrainerConfig(**common), loss)
-    torch_core, torch_sat = (_trainers(model_dir, loss, grad_clip=0.01)[0] for _ in range(2))
+    core = with_reference(MegatronTrainer(model_dir, MegatronTrainerConfig(**common), loss))
+    satellite = with_reference(MegatronTrainer(model_dir, MegatronTrainerConfig(**common), loss))
+    torch_core, torch_sat = (
+        with_reference(_trainers(model_dir, loss, grad_clip=0.01)[0]) for _ in range(2)
+    )
     step, torch_step = CoreStep(core), CoreStep(torch_core)
     for _ in range(2):
         b = _batch(_group(rng) + _group(rng), kind=kind, budget=250)

@@ -253,8 +253,11 @@ class MegatronTrainer:
         first), the loss normalized by ``normalizer`` (the whole step's) at the core's
         ``version``; the same loss as ``train_step``. Returns the summed loss and tokens."""
         rl = kind == "rl"
-        if rl and self.loss.kl_coef > 0:
-            raise NotImplementedError("a KL reference model is not supported with satellites yet")
+        if rl and self.loss.kl_coef > 0 and self.reference is None:
+            raise RuntimeError(
+                "kl_coef > 0 but this trainer has no KL reference: call set_reference() on "
+                "every rank's trainer when RL starts, before any of them steps"
+            )
         if not units:
             return {"loss": 0.0, "tokens": 0.0}
         if self._offloaded:
