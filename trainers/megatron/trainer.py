@@ -30,7 +30,13 @@ import torch
 from gyre_env.trainers.losses import LossConfig, step_normalizer
 from gyre_env.trainers.megatron.forward import attention_mask_for, tree_logprobs
 from gyre_env.trainers.protocol import TrainBatch
-from gyre_env.trainers.steps import accumulate, cpu_threads, step_metrics, unit_loss
+from gyre_env.trainers.steps import (
+    accumulate,
+    cpu_threads,
+    share_batch,
+    step_metrics,
+    unit_loss,
+)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -252,18 +258,11 @@ class MegatronTrainer:
         """Forward and backward over ``units`` into the gradient buffers (not zeroed
         first), the loss normalized by ``normalizer`` (the whole step's) at the core's
         ``version``; the same loss as ``train_step``. Returns the summed loss and tokens."""
-        rl = kind == "rl"
-        if rl and self.loss.kl_coef > 0 and self.reference is None:
-            raise RuntimeError(
-                "kl_coef > 0 but this trainer has no KL reference: call set_reference() on "
-                "every rank's trainer when RL starts, before any of them steps"
-            )
-        if not units:
+        batch = share_batch(self, units, kind)
+        if batch is None:
             return {"loss": 0.0, "tokens": 0.0}
-        if self._offloaded:
-            raise RuntimeError("the trainer is offloaded; call onload() first")
+        rl = kind == "rl"
         agg = self.loss.aggregation if rl else "token"
-        batch = TrainBatch(units=list(units), kind=kind)
         with cpu_threads(not self.cuda, self.config.num_threads):
             tensors = [u.tensors(self.device) for u in batch.units]
             sums = accumulate(
