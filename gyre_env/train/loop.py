@@ -657,8 +657,8 @@ def load_tasks(cfg: TrainConfig):
         try:
             count = t.train_count
             if tuning:  # fit is train less validation: a count sized for train caps at it
-                kw = t.suite_kwargs
-                count = min(count, fit_size(t.seed, kw.get("names", "varied"), kw.get("only")))
+                kw = {k: v for k, v in t.suite_kwargs.items() if k in ("names", "only")}
+                count = min(count, fit_size(t.seed, **kw))
             train = nano_tasks(fit, count, seed=t.seed, **t.suite_kwargs)
             heldout = nano_tasks(evaluate, t.heldout_count, seed=t.seed, **t.suite_kwargs)
         except (TypeError, ValueError) as e:

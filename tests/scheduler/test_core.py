@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from gyre_env.scheduler.core import CoreStep, split_units
+from gyre_env.scheduler.core import CoreStep, split_units, with_reference
 from gyre_env.scheduler.versions import STALE_WEIGHTS_DETECTED, Heartbeat, HeartbeatConfig
 
 
@@ -43,8 +43,6 @@ def test_in_process_core_step_equals_one_train_step(tiny_path, make_units, kl_co
     from gyre_env.trainers.losses import LossConfig
     from gyre_env.trainers.protocol import TrainBatch
     from gyre_env.trainers.torch_backend import TorchTrainer, TorchTrainerConfig
-
-    from gyre_env.scheduler.core import with_reference
 
     def trainer():
         return with_reference(
