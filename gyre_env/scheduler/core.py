@@ -156,19 +156,36 @@ class GroupConfig:
     heartbeat: HeartbeatConfig | None = None
 
 
+def join_group(config: GroupConfig) -> None:
+    """This process's ``torch.distributed`` group for ``config`` (the default group),
+    unless it already runs as that rank of that world: a Megatron trainer is built after
+    joining, so that megatron's parallel state spans the group."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        have = (dist.get_rank(), dist.get_world_size())
+        if have != (config.rank, config.world_size):
+            raise RuntimeError(
+                f"torch.distributed already runs as rank {have[0]} of {have[1]}, not "
+                f"rank {config.rank} of {config.world_size}"
+            )
+        return
+    dist.init_process_group(
+        config.backend, init_method=config.init_method, rank=config.rank,
+        world_size=config.world_size, timeout=datetime.timedelta(seconds=config.timeout_s),
+    )  # fmt: skip
+
+
 class TrainingGroup:
     """One rank of the core (rank 0) + satellites group; every method is a collective."""
 
     def __init__(self, trainer, config: GroupConfig):
-        import datetime
-
         import torch.distributed as dist
 
         self.trainer, self.config, self.dist = trainer, config, dist
-        dist.init_process_group(
-            config.backend, init_method=config.init_method, rank=config.rank,
-            world_size=config.world_size, timeout=datetime.timedelta(seconds=config.timeout_s),
-        )  # fmt: skip
+        join_group(config)
         self.is_core = config.rank == 0
         if not self.is_core:
             trainer.optimizer = trainer.scheduler = None  # the only optimizer state is the core's
@@ -187,20 +204,31 @@ class TrainingGroup:
         norm = share_normalizer(self.trainer, share, kind, self.core_version)
         norm = torch.tensor([norm], dtype=torch.float64)
         dist.all_reduce(norm)
-        params = list(self.trainer.model.parameters())
+        trainer = self.trainer
+        buffered = hasattr(trainer, "grad_buffers")  # Megatron's DDP: grads in main_grad
+        params = list(trainer.model.parameters())
+        if buffered:
+            trainer.zero_grads()
         for p in params:
             p.grad = None
-        sums = self.trainer.accumulate_grads(share, kind, max(float(norm), 1.0), self.core_version)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        sums = trainer.accumulate_grads(share, kind, max(float(norm), 1.0), self.core_version)
+        if buffered:
+            grads = trainer.grad_buffers()
+        else:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = _flat(grads)
         dist.reduce(flat, dst=0)
         metrics = dict(sums)
         if self.is_core:
-            offset = 0
-            for p in params:
-                p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
-                offset += p.numel()
-            metrics.update(apply_step(self.trainer))
+            if buffered:  # the sum is in the buffers: no data-parallel sync of its own
+                _load_flat(grads, flat)
+                metrics.update(trainer.apply_grads(sync=False))
+            else:
+                offset = 0
+                for p in params:
+                    p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+                    offset += p.numel()
+                metrics.update(apply_step(trainer))
         self._broadcast_weights(apply=self.is_core or pull)
         return metrics
 

@@ -17,7 +17,7 @@ every group the store holds. Without ``--resume`` an ``OUT`` that holds an elast
 episodes is refused before any work (a second run would collide with the first's
 sessions). With Ray the core rank's state comes over from its actor. With ``backend =
 "megatron"`` every cell's trainer is megatron-core (the core sums the satellites' grad
-buffers; not on Ray yet). The run writes
+buffers; on Ray over the ranks' gloo/NCCL group). The run writes
 ``store.db``, ``episodes.jsonl``, ``elastic.json`` (steps with their reward, switches
 with phase times, the role timeline, per-cell busy seconds and idle reasons, the
 staleness histogram, the held-out pass rates), ``metrics.jsonl`` (the driver's records:
@@ -178,13 +178,6 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
     from gyre_env.trajectory.store import TrajectoryStore
 
     cfg.validate()
-    if cfg.backend != "torch" and ray is not None:  # a rank actor builds a torch trainer
-        from gyre_env.train.config import ConfigError
-
-        raise ConfigError(
-            f"backend = {cfg.backend!r} with --ray: the Ray ranks train with the torch "
-            "backend only (for now); run the Megatron cells without --ray"
-        )
     _check_out(cfg.out_dir, resume)
     if resume:
         _check_unfinished(cfg)
@@ -239,6 +232,7 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
 
         nodes = sum(1 for n in ray_module.nodes() if n.get("Alive"))
         group = RayGroupConfig(
+            trainer=cfg.backend,
             trainer_configs=(cfg.optim_config(), cfg.loss_config()),
             strategy="SPREAD" if nodes > 1 else "PACK",  # a cluster: cells over its nodes
         )

@@ -45,14 +45,20 @@ class RayGroupConfig:
     backend: str = "gloo"
     timeout_s: float = 300.0
     staleness_bound: int = 4
+    trainer: str = "torch"
+    """Every rank's training backend: ``torch`` (``TorchTrainer``) or ``megatron``
+    (``MegatronTrainer``: the rank joins the group first, so megatron's parallel state
+    spans it; its grad buffers reduce to the core, whose optimizer alone steps)."""
     trainer_configs: tuple = field(default_factory=tuple)
-    """Positional configs after the model folder for every rank's ``TorchTrainer``
+    """Positional configs after the model folder for every rank's trainer
     (``(optim_config, loss_config)``; empty: its defaults)."""
     engines: str = "actors"
     """``actors``: every cell's engine is a Ray actor in its cell's bundle (``RayEngine``);
     ``driver``: the engines run in the driver's process."""
 
     def __post_init__(self):
+        if self.trainer not in RANK_TRAINERS:
+            raise ValueError(f"trainer must be one of {RANK_TRAINERS}, got {self.trainer!r}")
         if self.engines not in ENGINE_PLACEMENTS:
             raise ValueError(f"engines must be one of {ENGINE_PLACEMENTS}, got {self.engines!r}")
         if self.engines == "actors" and self.gpus_per_rank > 1:
@@ -70,6 +76,7 @@ class RayGroupConfig:
 
 
 ENGINE_PLACEMENTS = ("actors", "driver")
+RANK_TRAINERS = ("torch", "megatron")
 
 
 class _Rank:
@@ -78,21 +85,24 @@ class _Rank:
     def __init__(self, model_dir: str, rank: int, world: int, init_method: str, cfg: dict):
         import torch
 
-        from gyre_env.scheduler.core import GroupConfig, TrainingGroup, with_reference
+        from gyre_env.scheduler.core import GroupConfig, TrainingGroup, join_group
         from gyre_env.scheduler.versions import HeartbeatConfig
-        from gyre_env.trainers.torch_backend import TorchTrainer
 
         torch.set_num_threads(1)
-        self.group = TrainingGroup(
-            with_reference(TorchTrainer(model_dir, *cfg.get("trainer_configs", ()))),
-            GroupConfig(
-                rank=rank, world_size=world, init_method=init_method, backend=cfg["backend"],
-                timeout_s=cfg["timeout_s"],
-                heartbeat=HeartbeatConfig(staleness_bound=cfg["staleness_bound"]),
-            ),
+        config = GroupConfig(
+            rank=rank, world_size=world, init_method=init_method, backend=cfg["backend"],
+            timeout_s=cfg["timeout_s"],
+            heartbeat=HeartbeatConfig(staleness_bound=cfg["staleness_bound"]),
         )  # fmt: skip
+        self.backend = cfg.get("trainer", "torch")
+        if self.backend == "megatron":
+            join_group(config)  # first: megatron's parallel state spans the ranks
+        trainer = _rank_trainer(self.backend, model_dir, tuple(cfg.get("trainer_configs", ())))
+        self.group = TrainingGroup(trainer, config)
         if self.group.trainer.optimizer is None:  # a satellite: offload/onload find no state
             self.group.trainer.optimizer = _NoOptimizer()
+            if self.backend == "megatron":
+                trainer.megatron_optimizer = False  # nothing of megatron's to offload
 
     def step(self, share, pull: bool = True) -> dict:
         return self.group.step(share, pull=pull)
@@ -124,6 +134,8 @@ class _Rank:
         self.group.trainer.offload()
 
     def save_pretrained(self, folder: str) -> str:
+        if self.backend == "megatron":  # not megatron's global rank 0 only: this rank's
+            return str(self.group.trainer.save_pretrained(folder, write=True))
         return str(self.group.trainer.save_pretrained(folder))
 
     def state_dict(self) -> dict:
@@ -145,6 +157,24 @@ class _Rank:
 
     def close(self) -> None:
         self.group.close()
+
+
+def _rank_trainer(backend: str, model_dir: str, configs: tuple):
+    """A rank's trainer, its KL reference frozen now (``with_reference``). A Megatron
+    rank's optimizer is never sharded over the ranks: the core holds all of it."""
+    from gyre_env.scheduler.core import with_reference
+
+    if backend == "megatron":
+        import dataclasses
+
+        from gyre_env.trainers.megatron import MegatronTrainer as trainer_class
+        from gyre_env.trainers.megatron import MegatronTrainerConfig
+
+        first = configs[0] if configs else MegatronTrainerConfig()
+        configs = (dataclasses.replace(first, distributed_optimizer=False), *configs[1:])
+    else:
+        from gyre_env.trainers.torch_backend import TorchTrainer as trainer_class
+    return with_reference(trainer_class(model_dir, *configs))
 
 
 class _NoOptimizer:
@@ -178,6 +208,7 @@ class RayTrainingGroup:
         where = ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=on_core)
         init = ray.get(where.remote(), timeout=cfg.timeout_s)  # on the core's node
         knobs = {
+            "trainer": cfg.trainer,
             "backend": cfg.backend,
             "timeout_s": cfg.timeout_s,
             "staleness_bound": cfg.staleness_bound,
@@ -194,6 +225,9 @@ class RayTrainingGroup:
             for r in range(cfg.ranks)
         ]
         self._ray = ray
+        # built now (the trainer, megatron's parallel state): neither a first switch's
+        # timing nor a first step pays for the actors' start, and a failing one fails here
+        ray.get([a.version.remote() for a in self.ranks], timeout=cfg.timeout_s)
 
     def step(self, shares: Sequence[list], pull: Sequence[bool] | None = None) -> list[dict]:
         """One optimizer step: ``shares[r]`` to rank ``r`` (gradients reduce to the core)."""

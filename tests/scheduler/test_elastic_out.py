@@ -57,10 +57,3 @@ def test_a_synchronous_runs_store_is_not_an_elastic_run(tmp_path):
     _store_with(out, "rl.0000.r0")  # the synchronous loop's sessions do not collide
     _check_out(out, resume=False)
     _check_out(tmp_path / "fresh", resume=False)
-
-
-def test_megatron_cells_on_ray_are_refused(tmp_path, capsys):
-    # the Ray rank actors build torch trainers: megatron there would train torch silently
-    assert _main(tmp_path / "run", "--backend", "megatron", "--ray", "local") == 2
-    err = capsys.readouterr().err
-    assert "backend = 'megatron' with --ray" in err and "without --ray" in err

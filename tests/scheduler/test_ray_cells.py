@@ -29,32 +29,82 @@ def local_ray():
     ray.shutdown()
 
 
-def test_ray_placed_core_and_satellite(tiny_path, make_units, local_ray):
-    import torch
-    from gyre_env.trainers.protocol import TrainBatch
-    from gyre_env.trainers.torch_backend import TorchTrainer
-
+def _three_steps(tiny_path, config, batches) -> list[dict]:
+    """Three steps on two rank actors, the satellite away (no share, no pull) for the
+    last two; the heartbeat then syncs it. Every rank's weights."""
     from gyre_env.scheduler.core import split_units
-    from gyre_env.scheduler.ray_cells import RayGroupConfig, RayTrainingGroup
+    from gyre_env.scheduler.ray_cells import RayTrainingGroup
 
-    batches = [[u for g in range(2) for u in make_units(seed=10 * s + g)] for s in range(3)]
-    group = RayTrainingGroup(str(tiny_path), RayGroupConfig(ranks=2, staleness_bound=1))
+    group = RayTrainingGroup(str(tiny_path), config)
     try:
         group.step(split_units(batches[0], 2))
-        for units in batches[1:]:  # rank 1 away serving: no share, no pull
+        for units in batches[1:]:
             group.step([units, []], pull=[True, False])
         assert group.call("version") == [3, 1]
         assert group.beat() == [1]
         assert group.call("version") == [3, 3]
         assert group.call("has_optimizer_state") == [True, False]
-        weights = group.call("weights")
+        return group.call("weights")
     finally:
         group.close()
+
+
+def test_ray_placed_core_and_satellite(tiny_path, make_units, local_ray):
+    import torch
+    from gyre_env.trainers.protocol import TrainBatch
+    from gyre_env.trainers.torch_backend import TorchTrainer
+
+    from gyre_env.scheduler.ray_cells import RayGroupConfig
+
+    batches = [[u for g in range(2) for u in make_units(seed=10 * s + g)] for s in range(3)]
+    weights = _three_steps(tiny_path, RayGroupConfig(ranks=2, staleness_bound=1), batches)
     reference = TorchTrainer(tiny_path)
     for units in batches:
         reference.train_step(TrainBatch(units=copy.deepcopy(units), kind="rl"))
     for name, want in reference.model.state_dict().items():
         assert all(torch.allclose(w[name], want, atol=1e-5) for w in weights), name
+
+
+def test_ray_placed_megatron_core_and_satellite(tiny_path, make_units, local_ray):
+    """``trainer="megatron"``: each rank actor joins the gloo group, then builds a
+    megatron-core trainer (CPU shim) whose parallel state spans the group; the satellite's
+    grad buffers reduce to the core, which alone holds optimizer state and steps. With a KL
+    term and an entropy bonus, three steps (the satellite away for two) give, on every
+    rank, the weights of one megatron ``train_step`` per whole batch in this process."""
+    import torch
+    from gyre_env.trainers.losses import LossConfig
+    from gyre_env.trainers.protocol import TrainBatch
+
+    from gyre_env.scheduler.core import with_reference
+    from gyre_env.scheduler.ray_cells import RayGroupConfig
+
+    if not os.environ.get("CI"):
+        pytest.importorskip("megatron.core", reason="pip install 'gyre-env[megatron]'")
+    from gyre_env.trainers.megatron import MegatronTrainer, MegatronTrainerConfig
+    from gyre_env.trainers.megatron.cpu_shim import remove_cpu_shim
+    from gyre_env.trainers.megatron.model import shutdown_parallel
+
+    loss = LossConfig(kl_coef=0.1, entropy_coef=0.01)
+    config = MegatronTrainerConfig(lr=3e-3, warmup_steps=2, device="cpu", grad_clip=0.01)
+    batches = [[u for g in range(2) for u in make_units(seed=10 * s + g)] for s in range(3)]
+    ranks = RayGroupConfig(
+        ranks=2, staleness_bound=1, trainer="megatron", trainer_configs=(config, loss)
+    )
+    weights = _three_steps(tiny_path, ranks, batches)
+    try:  # the reference: one process, megatron's own one-rank group
+        reference = with_reference(MegatronTrainer(tiny_path, config, loss))
+        start = dict(reference.named_parameters())
+        for units in batches:
+            reference.train_step(TrainBatch(units=copy.deepcopy(units), kind="rl"))
+        want = dict(reference.named_parameters())
+    finally:
+        shutdown_parallel()
+        remove_cpu_shim()
+    worst = max(float((w[k] - want[k]).abs().max()) for w in weights for k in want)
+    moved = max(float((want[k] - start[k]).abs().max()) for k in want)
+    print(f"megatron ranks on Ray vs one megatron train_step per batch: {worst:.3e}")
+    assert set(weights[0]) == set(want) and worst <= 1e-5 and moved > 1e-3
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in want), "the heartbeat synced"
 
 
 def test_elastic_driver_on_ray_cells(tiny_path, tokenizer, local_ray, two_ray_steps):

@@ -275,10 +275,13 @@ class MegatronTrainer:
         core sums a satellite's into)."""
         return [p.main_grad for p in self.model.parameters() if p.requires_grad]
 
-    def apply_grads(self) -> dict:
-        """Clip the accumulated gradients and take the optimizer step (the core's)."""
+    def apply_grads(self, *, sync: bool = True) -> dict:
+        """Clip the accumulated gradients and take the optimizer step (the core's).
+        ``sync=False`` skips DDP's data-parallel sum: the caller already summed every
+        rank's share into this rank's buffers (``TrainingGroup``'s reduce to the core)."""
         with cpu_threads(not self.cuda, self.config.num_threads):
-            self.ddp.finish_grad_sync()
+            if sync:
+                self.ddp.finish_grad_sync()
             lr = self._lr()
             grad_norm = self._optimizer_step(lr)
         self._lr_step += 1
@@ -399,15 +402,16 @@ class MegatronTrainer:
                 if isinstance(v, torch.Tensor):
                     s[k] = v.to(device)
 
-    def save_pretrained(self, folder: str | Path) -> Path:
-        """The current weights as a Hugging Face model folder (config + safetensors);
-        written by global rank 0, gathered by every TP rank."""
+    def save_pretrained(self, folder: str | Path, *, write: bool | None = None) -> Path:
+        """The current weights as a Hugging Face model folder (config + safetensors),
+        gathered by every TP rank; written by global rank 0, or where ``write`` (an
+        elastic rank exporting on its own, outside any collective)."""
         import torch.distributed as dist
         import transformers
 
         folder = Path(folder)
         state = dict(self.named_parameters())
-        if dist.get_rank() == 0:
+        if dist.get_rank() == 0 if write is None else write:
             model = transformers.AutoModelForCausalLM.from_config(self.hf_config)
             model.load_state_dict(state)
             model.save_pretrained(folder)
