@@ -61,6 +61,10 @@ class TasksConfig:
     """Seed of the task generator (the split itself does not depend on it)."""
     suite_kwargs: dict = field(default_factory=dict)
     """Options of the suite loader, e.g. ``{names = "fixed"}`` for nano."""
+    eval_suite_kwargs: dict = field(default_factory=dict)
+    """Options of the suite loader for the evaluated tasks only, over ``suite_kwargs``:
+    e.g. ``{only = "upper,reverse"}`` trains on more nano operations than it measures
+    (the evaluated split stays disjoint from training whatever the operations)."""
     eval_split: str = "heldout"
     """What the evaluations measure: ``heldout``; or ``validation``, for choosing settings
     without looking at the held-out tasks: a validation set is cut out of the training

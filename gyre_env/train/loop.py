@@ -660,12 +660,18 @@ def load_tasks(cfg: TrainConfig):
                 kw = {k: v for k, v in t.suite_kwargs.items() if k in ("names", "only")}
                 count = min(count, fit_size(t.seed, **kw))
             train = nano_tasks(fit, count, seed=t.seed, **t.suite_kwargs)
-            heldout = nano_tasks(evaluate, t.heldout_count, seed=t.seed, **t.suite_kwargs)
+            kw = {**t.suite_kwargs, **t.eval_suite_kwargs}
+            heldout = nano_tasks(evaluate, t.heldout_count, seed=t.seed, **kw)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"tasks: {e}") from e
     else:
         from gyre_env.tasks import load_suite
 
+        if t.eval_suite_kwargs:
+            raise ConfigError(
+                f"tasks.eval_suite_kwargs: only the nano suite loads its evaluated tasks "
+                f"apart; suite {t.suite!r} cuts them from one task list"
+            )
         try:
             tasks = load_suite(t.suite, **t.suite_kwargs)
         except (KeyError, TypeError, ValueError, FileNotFoundError) as e:

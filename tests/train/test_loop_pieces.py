@@ -146,3 +146,20 @@ def test_a_training_count_sized_for_the_train_split_caps_at_the_fit_split():
     assert len(fit) == len(whole) - len(
         nano_tasks("validation", None, names="fixed", only="upper,reverse")
     )
+
+
+def test_evaluated_tasks_can_cover_fewer_operations_than_training():
+    """``tasks.eval_suite_kwargs`` measures a subset of the trained operations: the same
+    held-out (or validation) tasks as a run that trains on that subset alone, still
+    disjoint from a training pool that covers more operations; another suite refuses it."""
+    narrow = "tasks.suite_kwargs={names='fixed', only='upper'}"
+    wide = "tasks.suite_kwargs={names='fixed', only='upper,reverse,lower'}"
+    for split in ("heldout", "validation"):
+        sets = ["tasks.train_count=12", "tasks.heldout_count=3", f"tasks.eval_split={split!r}"]
+        _, alone = load_tasks(_cfg(narrow, *sets))
+        train, measured = load_tasks(_cfg(wide, "tasks.eval_suite_kwargs={only='upper'}", *sets))
+        assert [t.id for t in measured] == [t.id for t in alone]
+        assert {t.id.split("-")[1] for t in train} == {"upper", "reverse", "lower"}
+        assert not {t.id for t in train} & {t.id for t in measured}
+    with pytest.raises(ConfigError, match="tasks.eval_suite_kwargs: only the nano suite"):
+        load_tasks(_cfg("tasks.suite='micro'", "tasks.eval_suite_kwargs={only='upper'}"))
