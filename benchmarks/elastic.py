@@ -9,9 +9,12 @@ fraction, idle fraction, switches, mean sample staleness, and the ratio of water
 throughput to the best peer's.
 
     python benchmarks/elastic.py [--steps 6] [--tool-delay 1.0] [--tool-jitter 0.5]
-        [--groups-per-step 3] [--group-size 8] [--max-tokens 64] [--slots N]
+        [--groups-per-step 3] [--group-size 8] [--max-tokens 64] [--slots N] [--repeats 1]
 
-Every call waits its own tool delay (``--tool-jitter``, mean ``--tool-delay``, the same
+Every policy's steps train the same number of groups (``--max-batch-growth 1``: with the
+policy's default of 2, waterlevel's grown steps at low load train more groups per step, so
+the same number of steps would not be the same work; its groups trained per second are
+printed either way). Every call waits its own tool delay (``--tool-jitter``, mean ``--tool-delay``, the same
 per session and turn under every policy): with one fixed delay the agents that start
 together stay in lockstep, all calling and then all waiting. Wall time runs from the
 start to the last step; the groups still running then are dropped. Each cell's busy and
@@ -34,7 +37,7 @@ def _policies(args):
     return {
         "colocated": ColocatedSyncPolicy,
         "static 1+1": lambda: StaticSplitPolicy(rollout_cells=1),
-        "waterlevel": WaterlevelPolicy,
+        "waterlevel": lambda: WaterlevelPolicy(max_batch_growth=args.max_batch_growth),
     }
 
 
@@ -80,6 +83,7 @@ def run_one(name, make_policy, args, model_dir, tokenizer) -> dict:
         "switch_ms": [round(r.total_s * 1e3, 1) for r in result.switches[:4]],
         "staleness": mean_lag,
         "groups": result.groups_run,
+        "trained": sum(int(s["groups"]) for s in result.steps),
         "cells": [result.cell_fractions(i) for i in range(2)],
     }
 
@@ -110,6 +114,22 @@ def _cell_line(f: dict) -> str:
     )
 
 
+def _ratio_line(by: dict[str, dict], prefix: str) -> None:
+    """Waterlevel's throughput over the best peer's: steps (the inverse ratio of wall
+    times for the same steps) and groups trained per second (its grown steps train more
+    groups in those steps)."""
+    if "waterlevel" in by and len(by) > 1:
+        best = min((n for n in by if n != "waterlevel"), key=lambda n: by[n]["wall_s"])
+        ratio = by[best]["wall_s"] / by["waterlevel"]["wall_s"]
+        rate = {n: by[n]["trained"] / by[n]["wall_s"] for n in by}
+        most = max((n for n in by if n != "waterlevel"), key=rate.get)
+        print(
+            f"{prefix}waterlevel vs best peer ({best}): {ratio:.2f}x throughput in steps; "
+            f"groups trained per second {rate['waterlevel'] / rate[most]:.2f}x ({most})",
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
@@ -130,7 +150,18 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument("--staleness", type=int, default=2)
     parser.add_argument("--switch-prior", type=float, default=0.1)
+    parser.add_argument(
+        "--max-batch-growth", type=float, default=1.0,
+        help="waterlevel's: a step takes up to this many batches of ready groups at low load "
+        "(default 1: every policy's steps train the same groups_per_step groups, so that the "
+        "same number of steps is the same work; the policy's own default is 2)",
+    )  # fmt: skip
     parser.add_argument("--only", nargs="*", help="policy names to run")
+    parser.add_argument(
+        "--repeats", type=int, default=1,
+        help="run the policies this many times, interleaved (so that a drift in the "
+        "machine's load hits each alike); ratios of the median wall times",
+    )  # fmt: skip
     parser.add_argument(
         "--trace-out", default=None,
         help="write each policy's run as simulator input to DIR/<policy>/elastic-trace.json "
@@ -150,25 +181,43 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.tool_delay:g}s per call (x U(1 +- {args.tool_jitter:g})); {args.slots} groups "
         "at once; wall: start to the last step"
     )
-    rows = []
-    for name, make in _policies(args).items():
-        if args.only and name not in args.only:
-            continue
-        rows.append(run_one(name, make, args, model_dir, tokenizer))
-        r = rows[-1]
-        print(
-            f"{r['policy']:>11}: wall {r['wall_s']:6.1f}s  steps {r['steps']}  busy "
-            f"{r['busy'][0]:.2f}/{r['busy'][1]:.2f}  idle {r['idle']:.3f}  switches "
-            f"{r['switches']} {r['switch_ms']}  staleness {r['staleness']:.2f}  groups {r['groups']}",
-            flush=True,
-        )
-        for i, f in enumerate(r["cells"]):
-            print(f"{'':>13}cell {i}: {_cell_line(f)}", flush=True)
-    by = {r["policy"]: r for r in rows}
-    if "waterlevel" in by and len(by) > 1:
-        best = min((r for r in rows if r["policy"] != "waterlevel"), key=lambda r: r["wall_s"])
-        ratio = best["wall_s"] / by["waterlevel"]["wall_s"]
-        print(f"waterlevel vs best peer ({best['policy']}): {ratio:.2f}x throughput")
+    runs: list[dict[str, dict]] = []
+    for repeat in range(args.repeats):
+        if args.repeats > 1:
+            print(f"-- repeat {repeat + 1} of {args.repeats}", flush=True)
+        by = {}
+        for name, make in _policies(args).items():
+            if args.only and name not in args.only:
+                continue
+            r = by[name] = run_one(name, make, args, model_dir, tokenizer)
+            print(
+                f"{r['policy']:>11}: wall {r['wall_s']:6.1f}s  steps {r['steps']}  busy "
+                f"{r['busy'][0]:.2f}/{r['busy'][1]:.2f}  idle {r['idle']:.3f}  switches "
+                f"{r['switches']} {r['switch_ms']}  staleness {r['staleness']:.2f}  "
+                f"groups {r['groups']} (trained {r['trained']}: "
+                f"{r['trained'] / r['wall_s']:.2f}/s)",
+                flush=True,
+            )
+            for i, f in enumerate(r["cells"]):
+                print(f"{'':>13}cell {i}: {_cell_line(f)}", flush=True)
+        runs.append(by)
+        _ratio_line(by, "")
+    if args.repeats > 1:
+        import statistics
+
+        median = {
+            name: {
+                key: statistics.median(run[name][key] for run in runs)
+                for key in ("wall_s", "idle", "trained")
+            }
+            for name in runs[0]
+        }
+        for name, m in median.items():
+            print(
+                f"{name:>11}: median wall {m['wall_s']:6.1f}s  idle {m['idle']:.3f}  "
+                f"trained {m['trained']:g} groups"
+            )
+        _ratio_line(median, f"median of {args.repeats} runs: ")
     if args.trace_out:
         print(
             f"traces in {args.trace_out}; simulate them: "
