@@ -405,7 +405,17 @@ def connect(address: str = "auto", **init_kwargs):
             ray.init(**init_kwargs)
     else:
         _check_reachable(address)
-        ray.init(address=address, **init_kwargs)
+        try:
+            ray.init(address=address, **init_kwargs)
+        except (ConnectionError, RuntimeError) as e:  # something answers, not Ray's GCS
+            from gyre_env.train.config import ConfigError
+
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(
+                f"--ray {address}: something answers there, but not a Ray cluster's head "
+                f"({why}); give the address `ray start --head` printed (its GCS port, "
+                "6379 by default), or use --ray local"
+            ) from None
     return ray
 
 
@@ -421,12 +431,32 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             f"--ray {address!r}: expected auto, local or HOST:PORT (e.g. 10.0.0.1:6379)"
         )
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        conn = socket.create_connection((host, int(port)), timeout=timeout_s)
     except OSError as e:
         raise ConfigError(
             f"--ray {address}: no Ray cluster answers there ({e}); start its head with "
             f"`ray start --head --port={port}` on {host}, or use --ray local"
         ) from None
+    with conn:  # Ray's head is a gRPC server: it opens HTTP/2 with a SETTINGS frame
+        head = b""
+        try:
+            conn.sendall(_H2_PREFACE)
+            while len(head) < 9 and (chunk := conn.recv(9 - len(head))):
+                head += chunk
+        except OSError:
+            pass
+    if len(head) < 9 or head[3] != _H2_SETTINGS:
+        raise ConfigError(
+            f"--ray {address}: something answers there, but not a Ray cluster's head (no "
+            f"gRPC: it answered {head[:16]!r}); give the address `ray start --head` printed "
+            "(its GCS port, 6379 by default), or use --ray local"
+        )
+
+
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""An HTTP/2 client's connection preface and an empty SETTINGS frame."""
+_H2_SETTINGS = 0x04
+"""The frame type every HTTP/2 server's connection preface starts with."""
 
 
 def _rendezvous() -> str:

@@ -146,3 +146,45 @@ def test_a_cluster_address_nothing_answers_at_is_named():
         _check_reachable(f"127.0.0.1:{port}")
     with pytest.raises(ConfigError, match="expected auto, local or HOST:PORT"):
         _check_reachable("nonsense")
+
+
+def test_an_address_where_something_else_answers_is_named(local_ray):
+    """``--ray HOST:PORT`` where something answers that is not Ray's head (a wrong port:
+    ray.init would retry for minutes, then raise): one clear error at once. The check
+    (Ray's head is a gRPC server, so it speaks HTTP/2) passes for a real head, this
+    module's local Ray; and a head that refuses to join still gives a clear error."""
+    import socket
+    import threading
+
+    from gyre_env.scheduler import ray_cells
+    from gyre_env.train.config import ConfigError
+
+    ray_cells._check_reachable(ray.get_runtime_context().gcs_address)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+
+        def answer():  # an HTTP/1.1 server's 404 to whatever comes
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(1024)
+                conn.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+
+        threading.Thread(target=answer, daemon=True).start()
+        with pytest.raises(ConfigError) as raised:
+            ray_cells._check_reachable(f"127.0.0.1:{port}")
+    assert str(raised.value).startswith(
+        f"--ray 127.0.0.1:{port}: something answers there, but not a Ray cluster's head "
+        "(no gRPC: it answered b'HTTP/1.1 ')"
+    )
+
+    def refused(address=None, **_):
+        raise ConnectionError(f"Failed to connect to Ray cluster at {address}")
+
+    with pytest.MonkeyPatch.context() as patch:  # what ray.init raises when it gives up
+        patch.setattr(ray, "is_initialized", lambda: False)
+        patch.setattr(ray, "init", refused)
+        patch.setattr(ray_cells, "_check_reachable", lambda address: None)
+        with pytest.raises(ConfigError, match="something answers there, but not a Ray"):
+            ray_cells.connect("127.0.0.1:1")
