@@ -51,8 +51,10 @@ def main(argv: list[str] | None = None) -> None:
 
     transport = MooncakeTransport() if args.transport == "mooncake" else CopyTransport()
 
-    a = EmbeddedEngine(name="a", max_batch_size=4)
-    b = EmbeddedEngine(name="b", max_batch_size=4)
+    # no prefix cache: every repeat moves the same prompt, and B would otherwise answer a
+    # re-prefill from the KV of the last repeat (it did, up to its 16k-token cache)
+    a = EmbeddedEngine(name="a", max_batch_size=4, prefix_cache_tokens=0)
+    b = EmbeddedEngine(name="b", max_batch_size=4, prefix_cache_tokens=0)
     rng = np.random.default_rng(0)
     print(f"model {a.model_path.name} on {a.device}; transport: {transport.name}")
     print(f"{'tokens':>7} {'KV MB':>7} {'migrate ms':>11} {'re-prefill ms':>14} {'ratio':>6}")
