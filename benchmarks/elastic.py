@@ -14,8 +14,8 @@ throughput to the best peer's.
 Every policy's steps train the same number of groups (``--max-batch-growth 1``: with the
 policy's default of 2, waterlevel's grown steps at low load train more groups per step, so
 the same number of steps would not be the same work; its groups trained per second are
-printed either way). Every call waits its own tool delay (``--tool-jitter``, mean ``--tool-delay``, the same
-per session and turn under every policy): with one fixed delay the agents that start
+printed either way). Every call waits its own tool delay (``--tool-jitter``, mean
+``--tool-delay``, the same per session and turn under every policy): with one fixed delay the agents that start
 together stay in lockstep, all calling and then all waiting. Wall time runs from the
 start to the last step; the groups still running then are dropped. Each cell's busy and
 idle time is printed with its idle reasons (the driver's, see ``gyre_env.scheduler.elastic``).

@@ -215,20 +215,16 @@ class TrainingGroup:
         if buffered:
             grads = trainer.grad_buffers()
         else:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            grads = [p.grad for p in params]
         flat = _flat(grads)
         dist.reduce(flat, dst=0)
         metrics = dict(sums)
-        if self.is_core:
-            if buffered:  # the sum is in the buffers: no data-parallel sync of its own
-                _load_flat(grads, flat)
-                metrics.update(trainer.apply_grads(sync=False))
-            else:
-                offset = 0
-                for p in params:
-                    p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
-                    offset += p.numel()
-                metrics.update(apply_step(trainer))
+        if self.is_core:  # the sum into the grads; a buffered one skips its own DP sync
+            _load_flat(grads, flat)
+            metrics.update(trainer.apply_grads(sync=False) if buffered else apply_step(trainer))
         self._broadcast_weights(apply=self.is_core or pull)
         return metrics
 

@@ -23,6 +23,7 @@ locally (``ray.init(num_cpus=...)``, ``RAY_AUTH_MODE=disabled``).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Sequence
@@ -95,8 +96,8 @@ class _Rank:
             heartbeat=HeartbeatConfig(staleness_bound=cfg["staleness_bound"]),
         )  # fmt: skip
         self.backend = cfg.get("trainer", "torch")
-        if self.backend == "megatron":
-            join_group(config)  # first: megatron's parallel state spans the ranks
+        if self.backend == "megatron":  # first: megatron's parallel state spans the ranks
+            join_group(config)  # (a torch trainer built in a running group shards with FSDP2)
         trainer = _rank_trainer(self.backend, model_dir, tuple(cfg.get("trainer_configs", ())))
         self.group = TrainingGroup(trainer, config)
         if self.group.trainer.optimizer is None:  # a satellite: offload/onload find no state
@@ -408,14 +409,8 @@ def connect(address: str = "auto", **init_kwargs):
         try:
             ray.init(address=address, **init_kwargs)
         except (ConnectionError, RuntimeError) as e:  # something answers, not Ray's GCS
-            from gyre_env.train.config import ConfigError
-
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ConfigError(
-                f"--ray {address}: something answers there, but not a Ray cluster's head "
-                f"({why}); give the address `ray start --head` printed (its GCS port, "
-                "6379 by default), or use --ray local"
-            ) from None
+            raise _not_a_head(address, why) from None
     return ray
 
 
@@ -437,20 +432,26 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             f"--ray {address}: no Ray cluster answers there ({e}); start its head with "
             f"`ray start --head --port={port}` on {host}, or use --ray local"
         ) from None
-    with conn:  # Ray's head is a gRPC server: it opens HTTP/2 with a SETTINGS frame
-        head = b""
-        try:
-            conn.sendall(_H2_PREFACE)
-            while len(head) < 9 and (chunk := conn.recv(9 - len(head))):
-                head += chunk
-        except OSError:
-            pass
+    # Ray's head is a gRPC server: it opens HTTP/2 with a SETTINGS frame. A reset or a
+    # timeout leaves what came so far as the answer.
+    head = b""
+    with conn, contextlib.suppress(OSError):
+        conn.sendall(_H2_PREFACE)
+        while len(head) < 9 and (chunk := conn.recv(9 - len(head))):
+            head += chunk
     if len(head) < 9 or head[3] != _H2_SETTINGS:
-        raise ConfigError(
-            f"--ray {address}: something answers there, but not a Ray cluster's head (no "
-            f"gRPC: it answered {head[:16]!r}); give the address `ray start --head` printed "
-            "(its GCS port, 6379 by default), or use --ray local"
-        )
+        raise _not_a_head(address, f"no gRPC: it answered {head[:16]!r}")
+
+
+def _not_a_head(address: str, why: str):
+    """The error for an address where something answers that is not a Ray head."""
+    from gyre_env.train.config import ConfigError
+
+    return ConfigError(
+        f"--ray {address}: something answers there, but not a Ray cluster's head ({why}); "
+        "give the address `ray start --head` printed (its GCS port, 6379 by default), or "
+        "use --ray local"
+    )
 
 
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
