@@ -7,6 +7,16 @@ serves ``--requests`` greedy streams (they move to cell 1 with their KV), trains
 publishes, and comes back serving the new version. Prints the median of each phase.
 
     python benchmarks/cell_switch.py [--rounds 5] [--requests 8] [--model DIR]
+
+On a GPU machine (the issue's figure: one round trip for a ~1.5B model, target <= 2 s
+against the published 8.52 s + 3.46 s), a random-init Qwen2.5-1.5B shape built there,
+both cells on the one GPU, the trainer's master weights in bf16:
+
+    python benchmarks/cell_switch.py --size 1.5b --dtype bfloat16 --target-s 2
+
+``--size`` builds the model (``benchmarks/gpu/megatron_check.py``'s shapes; nothing is
+downloaded); ``--target-s`` adds a PASS/FAIL line for the median round trip (both
+switches, not the train step between them) and exit status 1 on FAIL.
 """
 
 from __future__ import annotations
@@ -14,7 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 
 async def _round(a, b, prompts, units) -> tuple:
@@ -39,15 +52,30 @@ async def _round(a, b, prompts, units) -> tuple:
     return there, back, train_s
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--model", help="a Hugging Face model folder (default: the tiny model)")
+    parser.add_argument("--size", choices=("tiny", "1.5b"), help="build a random-init Qwen2")
+    parser.add_argument("--dtype", default="float32", help="the trainer's parameter dtype")
+    parser.add_argument("--target-s", type=float, help="PASS/FAIL for the round trip")
     args = parser.parse_args(argv)
+    if args.size and args.model:
+        parser.error("--size builds a model: give --size or --model, not both")
+    with tempfile.TemporaryDirectory(prefix="gyre-switch-") as tmp:
+        if args.size:
+            sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+            from megatron_check import random_model
+
+            args.model = random_model(args.size, tmp)
+        return _measure(args)
+
+
+def _measure(args) -> int:
 
     import numpy as np
-    from gyre_env.trainers.torch_backend import TorchTrainer
+    from gyre_env.trainers.torch_backend import TorchTrainer, TorchTrainerConfig
 
     from gyre_env.engines.embedded import EmbeddedEngine
     from gyre_env.engines.tiny import tiny_model_path
@@ -60,10 +88,12 @@ def main(argv: list[str] | None = None) -> None:
 
     model = args.model or str(tiny_model_path())
     board = WeightBoard()
+    optim = TorchTrainerConfig(dtype=args.dtype)
     cells = [
-        Cell(i, EmbeddedEngine(model_path=model, name=f"c{i}"), TorchTrainer(model), board=board)
+        Cell(i, EmbeddedEngine(model_path=model, name=f"c{i}"), TorchTrainer(model, optim),
+             board=board)
         for i in range(2)
-    ]
+    ]  # fmt: skip
     rng = np.random.default_rng(0)
     vocab = cells[0].engine.vocab_size
     prompts = [rng.integers(10, vocab, 200 + 50 * i).tolist() for i in range(args.requests)]
@@ -76,23 +106,33 @@ def main(argv: list[str] | None = None) -> None:
     infos = [EpisodeInfo(session=f"s{k}", group="g", reward=k / 4) for k in range(4)]
     units = [pack(u) for u in bounded_samples(build_trees(recs, infos), SampleConfig())[0]]
     rows: dict[str, dict[str, list[float]]] = {"TRAINING": {}, "ROLLOUT": {}}
-    trains = []
+    trains, trips = [], []
     try:
         for _ in range(args.rounds):
             there, back, train_s = asyncio.run(_round(cells[0], cells[1], prompts, units))
             trains.append(train_s)
+            trips.append(there.total_s + back.total_s)
             for rec in (there, back):
                 for phase, s in {**rec.phases, "total": rec.total_s}.items():
                     rows[rec.to.name].setdefault(phase, []).append(s)
-        print(f"model {model}; {args.requests} requests in flight; median of {args.rounds} rounds")
+        device = f"{cells[0].engine.device}, trainer {args.dtype}"
+        print(f"model {model} ({device}); {args.requests} requests in flight; median of "
+              f"{args.rounds} rounds")  # fmt: skip
         for to, phases in rows.items():
             parts = "  ".join(f"{p} {statistics.median(v) * 1e3:.1f}" for p, v in phases.items())
             print(f"-> {to:<8} ms: {parts}")
         print(f"train step + publish: {statistics.median(trains) * 1e3:.1f} ms")
+        trip = statistics.median(trips)
+        print(f"round trip (both switches): {trip * 1e3:.1f} ms")
+        if args.target_s is not None:
+            verdict = "PASS" if trip <= args.target_s else "FAIL"
+            print(f"{verdict} round trip {trip:.2f} s <= {args.target_s:g} s")
+            return 0 if verdict == "PASS" else 1
+        return 0
     finally:
         for c in cells:
             c.engine.close()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

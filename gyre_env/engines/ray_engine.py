@@ -89,7 +89,8 @@ class EngineActor:
             "context_length": self.engine.context_length,
             "weight_version": self.engine.weight_version,
             "pid": os.getpid(),
-            "node": _node_id(),
+            "device": str(self.engine.device),
+            **_placement(),
         }
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams):
@@ -188,13 +189,14 @@ def _state(rid: str, req) -> RequestState:
     )  # fmt: skip
 
 
-def _node_id() -> str | None:
+def _placement() -> dict:
+    """Where this actor runs: its Ray node and the GPUs Ray gave it (none outside Ray)."""
     try:
         import ray
 
-        return ray.get_runtime_context().get_node_id()
+        return {"node": ray.get_runtime_context().get_node_id(), "gpus": ray.get_gpu_ids()}
     except Exception:  # noqa: BLE001 - outside Ray (a unit test of the body)
-        return None
+        return {"node": None, "gpus": []}
 
 
 class _Handoff:
@@ -285,6 +287,9 @@ class RayEngine:
         self._version: int = info["weight_version"]
         self.node_id: str | None = info["node"]
         self.pid: int = info["pid"]
+        self.device: str = info["device"]
+        self.gpu_ids: list = info["gpus"]
+        """The GPUs Ray gave the actor (``ray.get_gpu_ids()``); empty on CPUs."""
 
     @classmethod
     def launch(cls, specs) -> list[RayEngine]:

@@ -151,7 +151,8 @@ class GroupConfig:
     init_method: str
     """``tcp://host:port`` of the rendezvous."""
     backend: str = "gloo"
-    """``gloo`` (CPU) or ``nccl`` (GPUs)."""
+    """``gloo`` (CPU) or ``nccl`` (GPUs: the gradients and weights go over NCCL, the
+    group's few CPU scalars, the normaliser and the heartbeat's versions, over gloo)."""
     timeout_s: float = 120.0
     heartbeat: HeartbeatConfig | None = None
 
@@ -172,8 +173,9 @@ def join_group(config: GroupConfig) -> None:
                 f"rank {config.rank} of {config.world_size}"
             )
         return
+    backend = "cpu:gloo,cuda:nccl" if config.backend == "nccl" else config.backend
     dist.init_process_group(
-        config.backend, init_method=config.init_method, rank=config.rank,
+        backend, init_method=config.init_method, rank=config.rank,
         world_size=config.world_size, timeout=datetime.timedelta(seconds=config.timeout_s),
     )  # fmt: skip
 

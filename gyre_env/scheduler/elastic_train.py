@@ -181,10 +181,11 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
     _check_out(cfg.out_dir, resume)
     if resume:
         _check_unfinished(cfg)
-    if ray is not None:  # before any work: a missing extra or cluster fails here
-        from gyre_env.scheduler.ray_cells import connect
+    if ray is not None:  # before any work: a missing extra, cluster or GPU fails here
+        from gyre_env.scheduler.ray_cells import cell_devices, connect
 
         connect(ray)
+        devices = cell_devices(cells)
     out = cfg.out_dir
     out.mkdir(parents=True, exist_ok=True)
     cfg, evals = warm_start(cfg)
@@ -235,7 +236,11 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
             trainer=cfg.backend,
             trainer_configs=(cfg.optim_config(), cfg.loss_config()),
             strategy="SPREAD" if nodes > 1 else "PACK",  # a cluster: cells over its nodes
+            **devices,
         )
+        device = "1 GPU" if group.gpus_per_rank else f"{group.cpus_per_rank:g} CPU"
+        print(f"ray: {cells} cells on {nodes} node(s), {device} each, "
+              f"{group.strategy}", flush=True)  # fmt: skip
         pool = RayCells(model_dir, tokenizer, cells_config, service_factory=service, ray=group)
     t0 = time.monotonic()
     interrupted = False

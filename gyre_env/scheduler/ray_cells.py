@@ -43,7 +43,9 @@ class RayGroupConfig:
     strategy: str = "PACK"
     """Placement-group strategy: ``PACK`` (one node when it fits), ``SPREAD``,
     ``STRICT_SPREAD`` (one rank per node)."""
-    backend: str = "gloo"
+    backend: str = "auto"
+    """The ranks' ``torch.distributed`` backend: ``nccl`` or ``gloo``; ``auto``: NCCL
+    where the rank's actor sees CUDA (a GPU bundle on a GPU node), else gloo."""
     timeout_s: float = 300.0
     staleness_bound: int = 4
     trainer: str = "torch"
@@ -60,6 +62,8 @@ class RayGroupConfig:
     def __post_init__(self):
         if self.trainer not in RANK_TRAINERS:
             raise ValueError(f"trainer must be one of {RANK_TRAINERS}, got {self.trainer!r}")
+        if self.backend not in RANK_BACKENDS:
+            raise ValueError(f"backend must be one of {RANK_BACKENDS}, got {self.backend!r}")
         if self.engines not in ENGINE_PLACEMENTS:
             raise ValueError(f"engines must be one of {ENGINE_PLACEMENTS}, got {self.engines!r}")
         if self.engines == "actors" and self.gpus_per_rank > 1:
@@ -78,6 +82,7 @@ class RayGroupConfig:
 
 ENGINE_PLACEMENTS = ("actors", "driver")
 RANK_TRAINERS = ("torch", "megatron")
+RANK_BACKENDS = ("auto", "gloo", "nccl")
 
 
 class _Rank:
@@ -90,8 +95,11 @@ class _Rank:
         from gyre_env.scheduler.versions import HeartbeatConfig
 
         torch.set_num_threads(1)
+        backend = cfg["backend"]
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
         config = GroupConfig(
-            rank=rank, world_size=world, init_method=init_method, backend=cfg["backend"],
+            rank=rank, world_size=world, init_method=init_method, backend=backend,
             timeout_s=cfg["timeout_s"],
             heartbeat=HeartbeatConfig(staleness_bound=cfg["staleness_bound"]),
         )  # fmt: skip
@@ -119,6 +127,17 @@ class _Rank:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+    def placement(self) -> dict:
+        """Where this rank trains: its GPUs (``ray.get_gpu_ids()``), its trainer's device
+        and the group's backend."""
+        import ray
+
+        return {
+            "gpus": ray.get_gpu_ids(),
+            "device": str(self.group.trainer.device),
+            "backend": self.group.config.backend,
+        }
 
     def weights(self) -> dict:
         return {k: v.clone() for k, v in self.group.trainer.named_parameters()}
@@ -388,6 +407,26 @@ class RayCells(LocalCells):
             if self.group is not None:
                 self.group.close()
                 self.group = None
+
+
+def cell_devices(cells: int) -> dict:
+    """``RayGroupConfig`` fields for ``cells`` cells on the connected cluster: a GPU per
+    cell where it has at least one per cell (its rank and engine share it; NCCL between
+    the ranks), CPU ranks over gloo where it has none; fewer GPUs than cells is an error
+    (a cell on a CPU beside GPU cells would hold back every step)."""
+    import ray
+
+    from gyre_env.train.config import ConfigError
+
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    if gpus == 0:
+        return {"gpus_per_rank": 0.0, "backend": "gloo"}
+    if gpus < cells:
+        raise ConfigError(
+            f"--cells {cells}: the Ray cluster has {gpus:g} GPUs, one per cell is needed; "
+            f"use --cells {int(gpus)} or add GPU nodes (ray start --address=HEAD)"
+        )
+    return {"gpus_per_rank": 1.0, "backend": "auto"}
 
 
 def connect(address: str = "auto", **init_kwargs):

@@ -24,7 +24,9 @@ def local_ray():
     from gyre_env.scheduler.ray_cells import connect
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    connect("local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # two GPUs declared to Ray on this CPU machine: Ray hands out their ids (torch sees
+    # no CUDA); only a RayGroupConfig with gpus_per_rank asks for them
+    connect("local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -188,3 +190,28 @@ def test_an_address_where_something_else_answers_is_named(local_ray):
         patch.setattr(ray_cells, "_check_reachable", lambda address: None)
         with pytest.raises(ConfigError, match="something answers there, but not a Ray"):
             ray_cells.connect("127.0.0.1:1")
+
+
+def test_cells_get_a_gpu_each_where_the_cluster_has_them(tiny_path, tokenizer, local_ray):
+    """``--ray`` on a cluster with a GPU per cell (the fixture's two declared GPUs): each
+    cell's rank and engine share one GPU, the two cells different ones; the ranks' backend
+    is NCCL where the actor sees CUDA, gloo here (the CUDA path: benchmarks/gpu). Fewer
+    GPUs than cells is refused, naming both counts."""
+    from gyre_env.scheduler.local import LocalCellsConfig
+    from gyre_env.scheduler.ray_cells import RayCells, RayGroupConfig, cell_devices
+    from gyre_env.scheduler.workloads import RecordBook
+    from gyre_env.train.config import ConfigError
+
+    devices = cell_devices(2)
+    assert devices == {"gpus_per_rank": 1.0, "backend": "auto"}
+    with pytest.raises(ConfigError, match=r"--cells 3: the Ray cluster has 2 GPUs"):
+        cell_devices(3)
+    config = LocalCellsConfig(cells=2, max_batch_size=8)
+    ray_config = RayGroupConfig(**devices)
+    with RayCells(tiny_path, tokenizer, config, sink=RecordBook(), ray=ray_config).open() as pool:
+        ranks = pool.group.call("placement")
+        engine_gpus = [c.engine.gpu_ids for c in pool.cells]
+    print(f"ranks {ranks}, engines {engine_gpus}")
+    assert [r["gpus"] for r in ranks] == engine_gpus, "a cell's rank and engine: one GPU"
+    assert all(len(g) == 1 for g in engine_gpus) and engine_gpus[0] != engine_gpus[1]
+    assert [(r["backend"], r["device"]) for r in ranks] == [("gloo", "cpu")] * 2
