@@ -72,7 +72,7 @@ class PackedTree:
 
         torch = require("torch", "tree packing for training")
         return {
-            name: torch.as_tensor(getattr(self, name), device=device)
+            name: torch.as_tensor(_writable(getattr(self, name)), device=device)
             for name in self.__dataclass_fields__
         }
 
@@ -265,3 +265,9 @@ def loss_token_lags(units, version: int) -> dict[int, int]:
         for value, count in zip(*np.unique(lag, return_counts=True), strict=True):
             lags[int(value)] = lags.get(int(value), 0) + int(count)
     return lags
+
+
+def _writable(a):
+    """``a``, copied when read-only (a unit that came through Ray's object store): torch
+    warns on a tensor over memory it may not write."""
+    return a if getattr(a, "flags", None) is None or a.flags.writeable else a.copy()
