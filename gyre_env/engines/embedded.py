@@ -666,10 +666,12 @@ class EmbeddedEngine:
                     f"engine serves {old} with vocab {self.vocab_size} (start a new engine "
                     "for another model)"
                 )
+            replaced = weakref.ref(self._model)
             self._model = model
             self.model_path = folder
             self._weights_modified = False
-            gc.collect()
+            if replaced() is not None:  # a reference cycle holds the old weights
+                gc.collect()
         else:
             if isinstance(source, torch.nn.Module):
                 source = source.state_dict()
@@ -708,10 +710,12 @@ class EmbeddedEngine:
             self._offloaded = {
                 k: v.detach().to("cpu", copy=True) for k, v in self._model.state_dict().items()
             }
+        model = weakref.ref(self._model)
         self._model = None
         if self._prefix is not None:
             self._prefix.clear()
-        gc.collect()
+        if model() is not None:  # a reference cycle holds it: only a full collection frees
+            gc.collect()  # it (200 ms in a process that has transformers loaded)
         if self.device.type == "cuda":
             self._torch.cuda.empty_cache()
         self._released = True

@@ -7,6 +7,8 @@ and its KV-cache batching. Nothing is faked.
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 
@@ -471,14 +473,40 @@ def test_release_and_resume_memory_keep_updated_weights(tiny_path, prompts):
     try:
         asyncio.run(engine.update_weights(_perturbed_state(engine), version=3))
         expected = asyncio.run(engine.generate(prompts[5], GREEDY)).output_ids
-        asyncio.run(engine.release_memory())
+        model = weakref.ref(engine._model)
+        weight = weakref.ref(next(engine._model.parameters()))
+        gc.disable()  # the release frees the weights itself, not a later collection
+        try:
+            asyncio.run(engine.release_memory())
+        finally:
+            gc.enable()
         assert engine._model is None
+        assert model() is None and weight() is None, "released weights are freed"
         assert asyncio.run(engine.health())["status"] == "released"
         with pytest.raises(EnginePausedError):
             asyncio.run(engine.generate(prompts[5], GREEDY))
         asyncio.run(engine.resume_memory())
         result = asyncio.run(engine.generate(prompts[5], GREEDY))
         assert result.output_ids == expected and result.weight_version == 3
+    finally:
+        engine.close()
+
+
+def test_release_frees_weights_a_reference_cycle_holds(tiny_path):
+    """Weights that only a reference cycle still holds are freed by the release too (it
+    collects when its weak reference to the model outlives dropping it)."""
+    engine = EmbeddedEngine(model_path=str(tiny_path))
+    try:
+        cycle: list = [engine._model]
+        cycle.append(cycle)
+        del cycle
+        model = weakref.ref(engine._model)
+        gc.disable()
+        try:
+            asyncio.run(engine.release_memory())
+        finally:
+            gc.enable()
+        assert model() is None
     finally:
         engine.close()
 
