@@ -412,13 +412,21 @@ class RayCells(LocalCells):
 def cell_devices(cells: int) -> dict:
     """``RayGroupConfig`` fields for ``cells`` cells on the connected cluster: a GPU per
     cell where it has at least one per cell (its rank and engine share it; NCCL between
-    the ranks), CPU ranks over gloo where it has none; fewer GPUs than cells is an error
-    (a cell on a CPU beside GPU cells would hold back every step)."""
+    the ranks), CPU ranks over gloo where it has none. Fewer GPUs than cells is an error
+    (a cell on a CPU beside GPU cells would hold back every step), and so is fewer CPUs
+    than the ranks reserve (the placement group would wait forever)."""
     import ray
 
     from gyre_env.train.config import ConfigError
 
-    gpus = ray.cluster_resources().get("GPU", 0.0)
+    have = ray.cluster_resources()
+    cpus, gpus = have.get("CPU", 0.0), have.get("GPU", 0.0)
+    if cpus < cells * RayGroupConfig.cpus_per_rank:  # the placement group would never be ready
+        raise ConfigError(
+            f"--cells {cells}: the Ray cluster has {cpus:g} CPUs, each cell's rank needs "
+            f"{RayGroupConfig.cpus_per_rank:g}; use --cells {int(cpus)}, add nodes, or start "
+            f"Ray with more (ray start --head --num-cpus={cells})"
+        )
     if gpus == 0:
         return {"gpus_per_rank": 0.0, "backend": "gloo"}
     if gpus < cells:

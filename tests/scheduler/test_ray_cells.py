@@ -192,11 +192,14 @@ def test_an_address_where_something_else_answers_is_named(local_ray):
             ray_cells.connect("127.0.0.1:1")
 
 
-def test_cells_get_a_gpu_each_where_the_cluster_has_them(tiny_path, tokenizer, local_ray):
+def test_cells_get_a_gpu_each_where_the_cluster_has_them(
+    tiny_path, tokenizer, local_ray, monkeypatch
+):
     """``--ray`` on a cluster with a GPU per cell (the fixture's two declared GPUs): each
     cell's rank and engine share one GPU, the two cells different ones; the ranks' backend
     is NCCL where the actor sees CUDA, gloo here (the CUDA path: benchmarks/gpu). Fewer
-    GPUs than cells is refused, naming both counts."""
+    CPUs or GPUs than the cells need is refused at once, naming both counts (the placement
+    group would otherwise wait for resources that never come)."""
     from gyre_env.scheduler.local import LocalCellsConfig
     from gyre_env.scheduler.ray_cells import RayCells, RayGroupConfig, cell_devices
     from gyre_env.scheduler.workloads import RecordBook
@@ -204,8 +207,12 @@ def test_cells_get_a_gpu_each_where_the_cluster_has_them(tiny_path, tokenizer, l
 
     devices = cell_devices(2)
     assert devices == {"gpus_per_rank": 1.0, "backend": "auto"}
-    with pytest.raises(ConfigError, match=r"--cells 3: the Ray cluster has 2 GPUs"):
+    with pytest.raises(ConfigError, match=r"--cells 3: the Ray cluster has 2 CPUs, each"):
         cell_devices(3)
+    with monkeypatch.context() as m:  # a cluster with CPUs to spare, as Ray reports it
+        m.setattr(local_ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 2.0})
+        with pytest.raises(ConfigError, match=r"--cells 3: the Ray cluster has 2 GPUs"):
+            cell_devices(3)
     config = LocalCellsConfig(cells=2, max_batch_size=8)
     ray_config = RayGroupConfig(**devices)
     with RayCells(tiny_path, tokenizer, config, sink=RecordBook(), ray=ray_config).open() as pool:
