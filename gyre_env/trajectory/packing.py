@@ -62,6 +62,12 @@ class PackedTree:
     def __len__(self) -> int:
         return len(self.input_ids)
 
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled (a unit sent to a Ray actor): arrays that arrive as read-only views
+        of Ray's object store are copied, since torch warns on every tensor made over
+        memory it may not write."""
+        self.__dict__.update({k: _writable(v) for k, v in state.items()})
+
     @property
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask.sum())
@@ -72,7 +78,7 @@ class PackedTree:
 
         torch = require("torch", "tree packing for training")
         return {
-            name: torch.as_tensor(_writable(getattr(self, name)), device=device)
+            name: torch.as_tensor(getattr(self, name), device=device)
             for name in self.__dataclass_fields__
         }
 
@@ -268,6 +274,5 @@ def loss_token_lags(units, version: int) -> dict[int, int]:
 
 
 def _writable(a):
-    """``a``, copied when read-only (a unit that came through Ray's object store): torch
-    warns on a tensor over memory it may not write."""
+    """``a``, copied when it is a read-only array."""
     return a if getattr(a, "flags", None) is None or a.flags.writeable else a.copy()

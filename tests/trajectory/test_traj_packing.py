@@ -102,3 +102,24 @@ def test_sharing_generator_hits_its_target():
         records, episodes = sharing_group(s, group_size=8, path_len=512)
         (tree,) = build_trees(records, episodes)
         assert tree.sharing == pytest.approx(s, abs=0.01)
+
+
+def test_a_unit_unpickled_over_read_only_buffers_gives_writable_arrays():
+    """A unit sent to a Ray actor arrives over read-only views of the object store
+    (pickle protocol 5, out-of-band buffers): its arrays are writable copies, so making
+    tensors of them warns nothing (each rank used to print torch's non-writable warning)."""
+    import pickle
+    import warnings
+
+    unit = _packed()[2]
+    buffers: list = []
+    data = pickle.dumps(unit, protocol=5, buffer_callback=buffers.append)
+    views = [memoryview(b.raw()).toreadonly() for b in buffers]
+    assert views, "the arrays went out of band, as through Ray"
+    arrived = pickle.loads(data, buffers=views)
+    assert all(getattr(arrived, k).flags.writeable for k in arrived.__dataclass_fields__)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        arrived.tensors()
+        arrived.dense_mask()
+    assert np.array_equal(arrived.input_ids, unit.input_ids)
