@@ -73,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _measure(args) -> int:
-
     import numpy as np
     from gyre_env.trainers.torch_backend import TorchTrainer, TorchTrainerConfig
 

@@ -666,12 +666,9 @@ class EmbeddedEngine:
                     f"engine serves {old} with vocab {self.vocab_size} (start a new engine "
                     "for another model)"
                 )
-            replaced = weakref.ref(self._model)
-            self._model = model
+            self._swap_model(model)
             self.model_path = folder
             self._weights_modified = False
-            if replaced() is not None:  # a reference cycle holds the old weights
-                gc.collect()
         else:
             if isinstance(source, torch.nn.Module):
                 source = source.state_dict()
@@ -710,15 +707,21 @@ class EmbeddedEngine:
             self._offloaded = {
                 k: v.detach().to("cpu", copy=True) for k, v in self._model.state_dict().items()
             }
-        model = weakref.ref(self._model)
-        self._model = None
         if self._prefix is not None:
             self._prefix.clear()
-        if model() is not None:  # a reference cycle holds it: only a full collection frees
-            gc.collect()  # it (200 ms in a process that has transformers loaded)
+        self._swap_model(None)
         if self.device.type == "cuda":
             self._torch.cuda.empty_cache()
         self._released = True
+
+    def _swap_model(self, model) -> None:
+        """Serve ``model`` (None: no model) and free the old one's weights: reference
+        counting frees them once dropped; a full collection (200 ms in a process that has
+        transformers loaded) runs only when a reference cycle still holds them."""
+        old = weakref.ref(self._model)
+        self._model = model
+        if old() is not None:
+            gc.collect()
 
     def _do_resume_memory(self) -> None:
         self._model = self._load(self.model_path)

@@ -90,7 +90,7 @@ class EngineActor:
             "weight_version": self.engine.weight_version,
             "pid": os.getpid(),
             "device": str(self.engine.device),
-            **_placement(),
+            **actor_placement(),
         }
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams):
@@ -189,7 +189,7 @@ def _state(rid: str, req) -> RequestState:
     )  # fmt: skip
 
 
-def _placement() -> dict:
+def actor_placement() -> dict:
     """Where this actor runs: its Ray node and the GPUs Ray gave it (none outside Ray)."""
     try:
         import ray

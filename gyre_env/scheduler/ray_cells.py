@@ -122,19 +122,13 @@ class _Rank:
     def version(self) -> int:
         return self.group.version
 
-    def node(self) -> str:
-        """The Ray node this rank runs on."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
     def placement(self) -> dict:
-        """Where this rank trains: its GPUs (``ray.get_gpu_ids()``), its trainer's device
-        and the group's backend."""
-        import ray
+        """Where this rank trains: its Ray node and GPUs, its trainer's device and the
+        group's backend."""
+        from gyre_env.engines.ray_engine import actor_placement
 
         return {
-            "gpus": ray.get_gpu_ids(),
+            **actor_placement(),
             "device": str(self.group.trainer.device),
             "backend": self.group.config.backend,
         }

@@ -55,6 +55,8 @@ def test_cells_spread_over_two_nodes(tiny_path, tokenizer, two_nodes, two_ray_st
         table = placement_group_table(pool.group.pg)["bundles_to_node_id"]
         bundle_nodes = [table[0], table[1]]
         assert set(bundle_nodes) == nodes, "one cell per node"
-        assert pool.group.call("node") == bundle_nodes, "each rank on its bundle's node"
+        assert [p["node"] for p in pool.group.call("placement")] == bundle_nodes, (
+            "each rank on its bundle's node"
+        )
         assert [c.engine.node_id for c in pool.cells] == bundle_nodes, "each engine too"
         two_ray_steps(pool, book, timeout_s=240)
