@@ -28,7 +28,7 @@ from pathlib import Path
 from gyre_env._optional import require
 
 TINY_MODEL_NAME = "tiny-v1"
-BUILD_RECIPE = 2
+BUILD_RECIPE = 3
 """Bump when build_tokenizer/build_tiny_model change what they write (new cache folder)."""
 MARKER_FILE = "gyre-tiny.json"
 """Written last inside the folder; a folder without it is incomplete and is rebuilt."""
@@ -49,12 +49,22 @@ TOOL_TOKENS = [
 """Added (non-special) tokens: one id each, and they decode back to their text."""
 
 # The same text pipeline as Qwen2's tokenizer (NFC, this split regex, byte-level), so that
-# transformers' AutoTokenizer (which rebuilds Qwen2 tokenizers from vocab and merges) and the
-# raw tokenizer.json encode identically.
+# transformers' AutoTokenizer (which rebuilds Qwen2 tokenizers from vocab and merges with
+# this regex, whatever tokenizer.json says) and the raw tokenizer.json encode identically.
 PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
+# The merges are learned with one change: a word never includes the space or bracket
+# before it. Qwen2's regex lets one such character lead a word, so BPE learned merges like
+# "(coun" and " key", and with this small vocabulary a name became different tokens in
+# different places ("(key" in a signature, " key" in a body, "(coun"+"t" against
+# " count"): a tiny model then had to learn that those are one name before it could copy a
+# parameter name from a spec into code. With no merge across that boundary, Qwen2's regex
+# then splits "(key" and " key" into "(" or " " and the same "key" tokens: on ASCII text,
+# identical ids to tokenizing with TRAIN_REGEX, and a name is the same tokens wherever it
+# stands.
+TRAIN_REGEX = PRETOKENIZE_REGEX.replace(r"[^\r\n\p{L}\p{N}]?\p{L}+", r"\p{L}+")
 
 # Qwen2.5/Hermes-style template with tools. Tool results are rendered inside a user turn,
 # consecutive tool messages share one turn, each wrapped in <tool_response>.
@@ -190,12 +200,7 @@ def build_tokenizer(vocab_size: int = 4096):
     tk = require("tokenizers", "the built-in tiny tokenizer")
     tokenizer = tk.Tokenizer(tk.models.BPE())
     tokenizer.normalizer = tk.normalizers.NFC()
-    tokenizer.pre_tokenizer = tk.pre_tokenizers.Sequence(
-        [
-            tk.pre_tokenizers.Split(tk.Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    tokenizer.pre_tokenizer = _pre_tokenizer(tk, TRAIN_REGEX)
     tokenizer.decoder = tk.decoders.ByteLevel()
     trainer = tk.trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -206,8 +211,18 @@ def build_tokenizer(vocab_size: int = 4096):
     )
     lines = _corpus_text().splitlines(keepends=True)
     tokenizer.train_from_iterator(lines, trainer=trainer)
+    tokenizer.pre_tokenizer = _pre_tokenizer(tk, PRETOKENIZE_REGEX)  # what every reader uses
     tokenizer.add_tokens([tk.AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     return tokenizer
+
+
+def _pre_tokenizer(tk, regex: str):
+    return tk.pre_tokenizers.Sequence(
+        [
+            tk.pre_tokenizers.Split(tk.Regex(regex), behavior="isolated", invert=False),
+            tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
 
 
 def build_tiny_model(folder: str | Path, config: TinyModelConfig | None = None) -> Path:

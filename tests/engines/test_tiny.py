@@ -66,6 +66,20 @@ def test_incomplete_folder_is_rebuilt(tmp_path):
     json.loads((folder / "config.json").read_text())
 
 
+def test_a_name_is_the_same_tokens_wherever_it_stands(tokenizer):
+    """A parameter name copied from a spec into code must be the same ids in the signature,
+    the body and the prose (Qwen2's regex alone glued "(" or " " to it: "(key" / " key")."""
+    text = "Write solve(count) that returns count doubled.\ndef solve(count):\n    return count*2"
+    pieces = [tokenizer.decode([i]) for i in tokenizer(text)["input_ids"]]
+    assert pieces.count("count") == 4
+    assert not any(p != "count" and "count" in p for p in pieces)
+    for name in ["key", "items", "x", "value"]:
+        alone = tokenizer(name)["input_ids"]
+        for context in [f"({name})", f" {name}", f"={name}.", f"[{name}]"]:
+            ids = tokenizer(context)["input_ids"]
+            assert any(ids[i : i + len(alone)] == alone for i in range(len(ids))), (name, context)
+
+
 def test_tokenizer_round_trips_and_splits_multibyte_characters(tokenizer, tiny_path):
     import tokenizers
 
