@@ -57,6 +57,44 @@ _ARGS = {
 }
 """Argument names per kind. Many, so that a model cannot pass by memorising which name
 goes with which operation: it must copy the name the spec gives."""
+ARG_MODES = ("standard", "wide")
+"""``standard``: the ``_ARGS`` names; ``wide``: also the ``_WIDE_ARGS`` names, which only
+ever train (see ``_WIDE_ARGS``)."""
+_WIDE_ARGS = {
+    "int": tuple(
+        (
+            "z t w d c r number val qty score age level depth width height limit index offset "
+            "step delta weight price cost year day hour radius speed temp balance rank_n seed "
+            "port n1 x0 num2"
+        ).split()
+    ),
+    "str": tuple(
+        (
+            "st txt sentence phrase token letters chars greeting city color animal fruit path "
+            "url email user host tag note body caption heading slug motto verse lyric message "
+            "content raw source query keyword nickname country song book"
+        ).split()
+    ),
+    "list": tuple(
+        (
+            "lst numbers scores ages prices costs weights heights counts totals points marks "
+            "grades row col column batch bag pile stack queue readings samples entries "
+            "records digits amounts sizes levels ranks votes temps series vector arr2 zs"
+        ).split()
+    ),
+    "pair": tuple(
+        "lo, hi; left, right; x1, x2; a1, a2; n1, n2; top, bottom; base, exp; num, den; "
+        "w, h; r, c; s, t; dx, dy".split("; ")
+    ),
+}
+"""More argument names per kind (``arg_names="wide"``), none of them an ``_ARGS`` name, a
+builtin, a keyword or a template key. Their variants are always ``train`` (and ``fit``):
+the held-out and validation keys are cut from the ``_ARGS`` variants alone, so they are
+the same tasks in both modes. With the fixed function name, where the argument names are
+the split key, a held-out task pairs an operation with an ``_ARGS`` name it never trains
+with; the wide names go with every operation of their kind, so that in training no name
+tells which operation the spec asks for. (With ``varied`` function names the key is the
+function name and the wide names join both sides of it.)"""
 # python3, not python: gyre-base images built before the setup script linked `python`
 # have only python3 (the grader shims both names; visible tests run as they are written).
 _PYTEST = "python3 -m pytest -q -p no:cacheprovider --continue-on-collection-errors"
@@ -507,20 +545,25 @@ def in_split(key: tuple[str, str, str], split: str) -> bool:
     return split_of(key) == "train" and key not in validation_keys()
 
 
-def all_variants(names: str = "varied") -> list[Variant]:
+def all_variants(names: str = "varied", arg_names: str = "standard") -> list[Variant]:
     """Every variant of every template, in a fixed order."""
     if names not in NAME_MODES:
         raise ValueError(f"names must be one of {NAME_MODES}, got {names!r}")
-    return [v for t in TEMPLATES for v in _template_variants(t, names)]
+    if arg_names not in ARG_MODES:
+        raise ValueError(f"arg_names must be one of {ARG_MODES}, got {arg_names!r}")
+    return [v for t in TEMPLATES for v in _template_variants(t, names, arg_names)]
 
 
-def _template_variants(t: Template, names: str = "varied") -> list[Variant]:
+def _template_variants(
+    t: Template, names: str = "varied", arg_names: str = "standard"
+) -> list[Variant]:
+    arg_pool = _ARGS[t.kind] + (_WIDE_ARGS[t.kind] if arg_names == "wide" else ())
     out = []
     for const in t.consts:
         word = _DIGITS[const] if isinstance(const, int) else const
         pool = [FIXED_NAME] if names == "fixed" else [n.format(w=word) for n in t.names]
         for name in dict.fromkeys(pool):
-            for args in _ARGS[t.kind]:
+            for args in arg_pool:
                 for phrasing in range(len(t.phrasings)):
                     out.append(Variant(t, name, args, const, phrasing))
     return out
@@ -617,16 +660,23 @@ def select_templates(only: str | None) -> set[str]:
 
 
 def sample_variants(
-    split: str, count: int | None, seed: int, names: str = "varied", only: str | None = None
+    split: str,
+    count: int | None,
+    seed: int,
+    names: str = "varied",
+    only: str | None = None,
+    arg_names: str = "standard",
 ) -> list[Variant]:
     """``count`` variants of ``split`` (all when None), round-robin over the templates in a
-    seeded order, each template's variants in a seeded order: balanced and deterministic."""
+    seeded order, each template's variants in a seeded order: balanced and deterministic.
+    The seeded order does not depend on ``arg_names``, so with fixed function names a
+    held-out or validation draw is the same in both modes."""
     if split not in SPLITS + TUNING_SPLITS:
         raise ValueError(f"split {split!r} is not one of {SPLITS + TUNING_SPLITS}")
     rng = random.Random(f"nano|{split}|{seed}" + ("" if names == "varied" else f"|{names}"))
     pools: dict[str, list[Variant]] = {}
     keep = select_templates(only)
-    for v in all_variants(names):
+    for v in all_variants(names, arg_names):
         if v.template.key in keep and in_split(v.key, split):
             pools.setdefault(v.template.key, []).append(v)
     for pool in pools.values():
@@ -648,9 +698,14 @@ def sample_variants(
     return chosen
 
 
-def fit_size(seed: int | str = 0, names: str = "varied", only: str | None = None) -> int:
+def fit_size(
+    seed: int | str = 0,
+    names: str = "varied",
+    only: str | None = None,
+    arg_names: str = "standard",
+) -> int:
     """How many variants the ``fit`` split holds for these ``nano_tasks`` options."""
-    return len(sample_variants("fit", None, int(seed), names, only))
+    return len(sample_variants("fit", None, int(seed), names, only, arg_names))
 
 
 def nano_tasks(
@@ -660,15 +715,17 @@ def nano_tasks(
     root: str | Path | None = None,
     names: str = "varied",
     only: str | None = None,
+    arg_names: str = "standard",
 ) -> list[Task]:
     """``count`` nano tasks of ``split`` for ``seed``, as loaded task folders (sorted by id).
 
     ``root`` is where the folders are written (default ``default_root()``); ``names`` is
-    a ``NAME_MODES`` entry; ``only`` restricts the templates (``select_templates``). String
-    ``count`` and ``seed`` are accepted for ``gyre tasks -o count=32``.
+    a ``NAME_MODES`` entry; ``only`` restricts the templates (``select_templates``);
+    ``arg_names`` is an ``ARG_MODES`` entry. String ``count`` and ``seed`` are accepted
+    for ``gyre tasks -o count=32``.
     """
     count = None if count is None else int(count)
-    variants = sample_variants(split, count, int(seed), names, only)
+    variants = sample_variants(split, count, int(seed), names, only, arg_names)
     base = Path(root).expanduser() if root is not None else default_root()
     base.mkdir(parents=True, exist_ok=True)
     tasks = [load_task(materialise(v, base)) for v in variants]

@@ -657,7 +657,9 @@ def load_tasks(cfg: TrainConfig):
         try:
             count = t.train_count
             if tuning:  # fit is train less validation: a count sized for train caps at it
-                kw = {k: v for k, v in t.suite_kwargs.items() if k in ("names", "only")}
+                kw = {
+                    k: v for k, v in t.suite_kwargs.items() if k in ("names", "only", "arg_names")
+                }
                 count = min(count, fit_size(t.seed, **kw))
             train = nano_tasks(fit, count, seed=t.seed, **t.suite_kwargs)
             kw = {**t.suite_kwargs, **t.eval_suite_kwargs}

@@ -205,3 +205,39 @@ def test_only_restricts_templates_without_moving_the_split():
     }
     with pytest.raises(ValueError, match="unknown nano templates"):
         nano.select_templates("arithmetics")
+
+
+def test_wide_argument_names_only_add_training_tasks():
+    """``arg_names="wide"``: more argument names, every one going with every operation of
+    its kind in training; the held-out and validation draws are the same tasks as
+    without them, so a held-out (operation, argument name) pair is still never trained."""
+    import builtins
+    import keyword
+
+    from gyre_env.tasks import nano
+
+    for kind, wide in nano._WIDE_ARGS.items():
+        assert not set(wide) & set(nano._ARGS[kind])
+        for name in (n for args in wide for n in args.split(", ")):
+            assert name.isidentifier() and not keyword.iskeyword(name)
+            assert not hasattr(builtins, name) and name not in {t.key for t in TEMPLATES}
+    only = "upper,reverse,sum,max,sorted,abs,is_even,sign"
+    for split, count in (("heldout", None), ("validation", None), ("heldout", 7)):
+        plain = sample_variants(split, count, 3, names="fixed", only=only)
+        wide = sample_variants(split, count, 3, names="fixed", only=only, arg_names="wide")
+        assert [v.task_id for v in plain] == [v.task_id for v in wide]
+    train = sample_variants("train", None, 0, names="fixed", only=only, arg_names="wide")
+    fit = sample_variants("fit", None, 0, names="fixed", only=only, arg_names="wide")
+    heldout = sample_variants("heldout", None, 0, names="fixed", only=only)
+    assert len(train) > 1000 and {v.task_id for v in fit} < {v.task_id for v in train}
+    assert not {v.key for v in train} & {v.key for v in heldout}
+    # a wide name trains with every operation of its kind: it does not tell which one
+    ops_of = {}
+    for v in train:
+        ops_of.setdefault(v.args, set()).add(v.template.key)
+    assert ops_of["txt"] == {"upper", "reverse"} and ops_of["lst"] == {"sum", "max", "sorted"}
+    v = next(v for v in train if v.args == "scores" and v.template.key == "sorted")
+    files = render(v)
+    assert "solve(scores)" in files["spec.md"] and "sorted(scores)" in files["gold/solution.py"]
+    with pytest.raises(ValueError, match="arg_names must be one of"):
+        all_variants("fixed", "huge")
