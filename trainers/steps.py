@@ -8,6 +8,8 @@ Backends differ in their forward pass (HF model with tree attention, megatron's
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -16,6 +18,38 @@ from contextlib import contextmanager
 import torch
 from gyre_env.trainers.losses import LossConfig, LossTerms, policy_loss, sft_loss
 from gyre_env.trainers.protocol import TrainBatch
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteStepError(FloatingPointError):
+    """Training diverged: the loss or gradient norm was inf/NaN in too many steps in a row."""
+
+
+def finite_step(trainer, grad_norm: float, lr: float, loss: float = 0.0) -> bool:
+    """Whether an optimizer step may be taken. A non-finite loss or gradient norm (one
+    overflow, or a diverged run) would write NaN into every weight and, through a weight
+    push, into the served model; such a step is skipped instead (the caller leaves weights
+    and optimizer state as they are and drops the gradients). After
+    ``trainer.config.max_nonfinite_steps`` skipped steps in a row it raises
+    ``NonFiniteStepError`` naming the figures, so that a diverged run stops at its last
+    good checkpoint rather than training on NaN."""
+    if math.isfinite(grad_norm) and math.isfinite(loss):
+        trainer._nonfinite_steps = 0
+        return True
+    count = getattr(trainer, "_nonfinite_steps", 0) + 1
+    trainer._nonfinite_steps = count
+    limit = trainer.config.max_nonfinite_steps
+    what = f"loss {loss}, grad norm {grad_norm} at lr {lr:.3g}"
+    if count >= limit:
+        raise NonFiniteStepError(
+            f"{what}: {count} non-finite steps in a row (limit max_nonfinite_steps="
+            f"{limit}); training diverged. Lower the learning rate (sft.lr, "
+            "algorithm.optim.lr), lengthen warmup_steps, or train in float32 "
+            "(algorithm.optim.dtype)"
+        )
+    log.warning("optimizer step skipped: %s (%d in a row, limit %d)", what, count, limit)
+    return False
 
 
 @contextmanager

@@ -27,6 +27,7 @@ from gyre_env.trainers.protocol import TrainBatch
 from gyre_env.trainers.steps import (
     accumulate,
     cpu_threads,
+    finite_step,
     share_batch,
     step_metrics,
     unit_loss,
@@ -62,6 +63,9 @@ class TorchTrainerConfig:
     num_threads: int | None = None
     """torch CPU threads during a train step (restored after it: an embedded engine in the
     same process keeps its own setting between steps); None: every core."""
+    max_nonfinite_steps: int = 5
+    """A step whose loss or gradient norm is inf/NaN is skipped (weights untouched, logged
+    as ``skipped``); this many in a row stop the run with ``NonFiniteStepError``."""
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
@@ -69,6 +73,8 @@ class TorchTrainerConfig:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.lr <= 0 or self.grad_clip < 0 or self.warmup_steps < 0:
             raise ValueError("lr must be > 0, grad_clip and warmup_steps >= 0")
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
         if len(self.betas) != 2:
             raise ValueError(f"betas must be two numbers, got {self.betas}")
 
@@ -160,10 +166,15 @@ class TorchTrainer:
         clip = self.config.grad_clip or float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
         lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self._version += 1
-        return step_metrics(sums, batch, grad_norm, lr, time.perf_counter() - start)
+        skipped = not finite_step(self, grad_norm, lr, sums["loss"])
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+            self._version += 1
+        metrics = step_metrics(sums, batch, grad_norm, lr, time.perf_counter() - start)
+        return {**metrics, "skipped": float(skipped)}
 
     def accumulate_grads(self, units, kind: str, normalizer: float, version: int) -> dict:
         """Forward and backward over ``units`` into the parameters' ``.grad`` (not zeroed

@@ -73,4 +73,11 @@ def _run(args: argparse.Namespace) -> int:
     except (ConfigError, MissingExtraError) as e:
         print(f"gyre train: {e}", file=sys.stderr)
         return 2
+    except FloatingPointError as e:  # trainers.steps.NonFiniteStepError: the run diverged
+        print(
+            f"gyre train: {e}\n(the checkpoint under {cfg.out_dir / 'checkpoints'} holds the last "
+            "weights saved before it)",
+            file=sys.stderr,
+        )
+        return 1
     return 130 if summary.interrupted else 0

@@ -220,3 +220,35 @@ def test_offload_onload_and_weights_pushed_to_the_embedded_engine(model_dir):
         logp = torch.log_softmax(trainer.model(input_ids=ids).logits[0].float(), -1)
     direct = [float(logp[3 + i, t]) for i, t in enumerate(result.output_ids)]
     assert np.allclose(direct, result.output_logprobs, atol=1e-4)
+
+
+def test_non_finite_steps_are_skipped_then_stop_the_run(model_dir):
+    """A NaN loss (here: the final norm's output poisoned by a hook, as a diverged run's
+    would be) skips the optimizer step: weights, optimizer state and version stay. The
+    second in a row (max_nonfinite_steps=2) raises, naming the figures; a finite step in
+    between resets the count."""
+    from gyre_env.trainers.steps import NonFiniteStepError
+
+    batch = _batch(_group(np.random.default_rng(5)), kind="sft")
+    trainer = TorchTrainer(model_dir, TorchTrainerConfig(lr=1e-3, max_nonfinite_steps=2))
+    trainer.train_step(batch)
+    before = {n: p.detach().clone() for n, p in trainer.named_parameters()}
+    state = trainer.optimizer.state_dict()["state"]
+    steps = {k: float(v["step"]) for k, v in state.items()}
+    hook = trainer.model.model.norm.register_forward_hook(lambda m, i, out: out * float("nan"))
+    m = trainer.train_step(batch)
+    assert m["skipped"] == 1.0 and np.isnan(m["loss"])
+    assert trainer.version == 1
+    for n, p in trainer.named_parameters():
+        assert torch.equal(p, before[n]), n
+    after = trainer.optimizer.state_dict()["state"]
+    assert {k: float(v["step"]) for k, v in after.items()} == steps
+    hook.remove()
+    assert trainer.train_step(batch)["skipped"] == 0.0 and trainer.version == 2
+    hook = trainer.model.model.norm.register_forward_hook(lambda m, i, out: out * float("nan"))
+    trainer.train_step(batch)  # one in a row: skipped
+    with pytest.raises(NonFiniteStepError, match="2 non-finite steps in a row.*lr"):
+        trainer.train_step(batch)
+    hook.remove()
+    with pytest.raises(ValueError, match="max_nonfinite_steps"):
+        TorchTrainerConfig(max_nonfinite_steps=0)

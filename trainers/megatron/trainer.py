@@ -33,6 +33,7 @@ from gyre_env.trainers.protocol import TrainBatch
 from gyre_env.trainers.steps import (
     accumulate,
     cpu_threads,
+    finite_step,
     share_batch,
     step_metrics,
     unit_loss,
@@ -70,6 +71,9 @@ class MegatronTrainerConfig:
     """Transformer Engine layer spec; None: when TE imports and the device is CUDA."""
     num_threads: int | None = None
     """torch CPU threads during a train step (restored after); None: every core."""
+    max_nonfinite_steps: int = 5
+    """With the torch optimizer: inf/NaN gradient norms skip the step; this many in a row
+    stop the run (``NonFiniteStepError``)."""
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
@@ -244,7 +248,8 @@ class MegatronTrainer:
         for p in params:
             p.grad = p.main_grad.to(p.dtype)
         grad_norm = _clip_grad_norm(params, self.config.grad_clip or math.inf)
-        self.optimizer.step()
+        if finite_step(self, grad_norm, lr):  # inf/NaN: weights stay as they are
+            self.optimizer.step()
         return grad_norm
 
     # ---- the elastic core cell (gyre_env.scheduler.core.CoreStep) ----------------------
