@@ -48,6 +48,8 @@ def main(argv=None) -> int:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--model", help="a HF model folder (default: cpu-demo tiny model)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
+    p.add_argument("--dtype", default="float32", help="float32 or bfloat16")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = p.parse_args(argv)
 
@@ -74,16 +76,21 @@ def main(argv=None) -> int:
     flat_tokens = sum(len(u) for u in layouts["flat"])
     print(
         f"{len(trees)} groups, {len(units)} units; tokens tree {sum(len(u) for u in layouts['tree'])}"
-        f", flat {flat_tokens}; model {model}; torch threads {torch.get_num_threads()}",
+        f", flat {flat_tokens}; model {model}; device {args.device}; torch threads "
+        f"{torch.get_num_threads()}",
         file=sys.stderr,
     )
     times: dict[str, list[float]] = {"tree": [], "flat": []}
     losses: dict[str, float] = {}
     for rep in range(args.repeats):
         for name, packed in layouts.items():
-            trainer = TorchTrainer(model, TorchTrainerConfig(lr=1e-4, device="cpu"))
+            trainer = TorchTrainer(
+                model, TorchTrainerConfig(lr=1e-4, device=args.device, dtype=args.dtype)
+            )
             start = time.perf_counter()
             m = trainer.train_step(TrainBatch(units=packed))
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize()
             times[name].append(time.perf_counter() - start)
             losses[name] = m["loss"]
             print(f"  repeat {rep} {name}: {times[name][-1]:.2f}s", file=sys.stderr, flush=True)
