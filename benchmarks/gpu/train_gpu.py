@@ -53,6 +53,8 @@ def run_train(args, out: Path) -> None:
         *_model_sets(args),
         f"tasks.env_kwargs={env_kwargs}",
         f"algorithm.optim.dtype={args.dtype!r}",
+        f"sft.lr={args.sft_lr}",
+        "schedule.checkpoint_every=1000",  # a 200M model's checkpoint is GBs: only the last
         *args.set,
     ]
     cmd = [sys.executable, "-m", "gyre_env.cli", "train", "--preset", "cpu-demo"]
@@ -130,6 +132,9 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--dtype", default="bfloat16", help="trainer parameter dtype")
+    p.add_argument(
+        "--sft-lr", type=float, default=3e-4, help="cpu-demo's 2e-3 diverges at 200M (NaN)"
+    )
     p.add_argument("--iterations", type=int, default=12)
     p.add_argument("--groups", type=int, default=16, help="throughput part: GRPO groups")
     p.add_argument("--train-timeout", type=float, default=330)
