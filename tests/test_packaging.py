@@ -56,6 +56,28 @@ def _data_roots(setuptools: dict) -> list[Path]:
     return roots
 
 
+def test_every_data_file_in_a_package_folder_ships_in_the_wheel():
+    """A file that is not Python (a preset, a template, a task's gold) in a package's
+    folder or a data folder beneath it must match a package-data glob: a non-editable
+    install otherwise lacks it (the cpu-demo preset under train/presets/ once did)."""
+    setuptools = _pyproject()["tool"]["setuptools"]
+    data = setuptools.get("package-data", {})
+    folders = {p: _folder_of(p, setuptools["package-dir"]) for p in setuptools["packages"]}
+    package_folders = set(folders.values())
+    unshipped = []
+    for package, folder in folders.items():
+        shipped = set()
+        for pattern in data.get(package, []) + data.get("*", []):
+            shipped |= {f for f in folder.glob(pattern) if f.is_file()}
+        for f in folder.rglob("*"):
+            if not f.is_file() or f.suffix in (".py", ".pyc") or "__pycache__" in f.parts:
+                continue
+            owner = next(d for d in (f.parent, *f.parent.parents) if d in package_folders)
+            if owner == folder and f not in shipped:
+                unshipped.append(str(f.relative_to(ROOT)))
+    assert not unshipped, f"add to [tool.setuptools.package-data] in pyproject.toml: {unshipped}"
+
+
 def test_every_package_folder_is_listed_in_pyproject():
     setuptools = _pyproject()["tool"]["setuptools"]
     listed = set(setuptools["packages"])
