@@ -57,6 +57,12 @@ def sample_rows(
     ids: list[int] = []
     logprobs: list[float] = []
     greedy_logp = torch.log_softmax(logits, dim=-1)  # [batch, vocab]
+    if bool(torch.isnan(greedy_logp).any()):  # on CUDA, multinomial would assert on device
+        rows = torch.isnan(greedy_logp).any(dim=-1).nonzero().flatten().tolist()
+        raise FloatingPointError(
+            f"the model's logits are NaN or +inf (batch rows {rows}): its weights are broken, "
+            "e.g. pushed from a training step that diverged"
+        )
     greedy_ids = greedy_logp.argmax(dim=-1).tolist()
     for row, p in enumerate(params):
         if is_greedy(p):

@@ -351,6 +351,25 @@ def test_bad_weight_updates_are_rejected_without_effect(tiny_path):
         engine.close()
 
 
+def test_nan_weights_fail_requests_with_a_clear_error_and_the_engine_recovers(tiny_path, prompts):
+    """NaN weights (pushed from a diverged step) make NaN logits: on CUDA, sampling them
+    is a device-side assert that kills the process; the engine refuses them by name."""
+    from gyre_env.engines.base import EngineError, SamplingParams
+
+    engine = EmbeddedEngine(model_path=str(tiny_path))
+    try:
+        good = _perturbed_state(engine, scale=0.0)
+        nan = {k: v * float("nan") for k, v in good.items()}
+        asyncio.run(engine.update_weights(nan, version=1))
+        for params in (GREEDY, SamplingParams(max_new_tokens=4, temperature=1.0, seed=0)):
+            with pytest.raises(EngineError, match="NaN or \\+inf.*diverged"):
+                asyncio.run(engine.generate(prompts[0], params))
+        asyncio.run(engine.update_weights(good, version=2))
+        assert asyncio.run(engine.generate(prompts[0], GREEDY)).weight_version == 2
+    finally:
+        engine.close()
+
+
 def test_update_from_another_models_folder_is_refused(tiny_path, prompts, tmp_path):
     from gyre_env.engines.tiny import TinyModelConfig, build_tiny_model
 
