@@ -15,6 +15,12 @@ Two parts, each reported even if the other fails:
    trees (flex_attention, compiled) vs flat per-path sequences, on the same batch.
 
 The learning itself is shown on a CPU (``benchmarks/train_cpu.py``); this measures speed.
+Needs gyre-env installed non-editable or editable with its ``train``, ``proxy`` and
+``langgraph`` extras, over the machine's own CUDA torch (do not let pip replace it: install
+gyre-env with ``--no-deps`` and the extras' packages, e.g. gymnasium, fastapi, uvicorn,
+orjson, langgraph, langchain-openai and their dependencies, as wheels where the machine
+has no index). Run it from outside the checkout, or ``gyre_env`` resolves to the source
+folder, whose ``envs``/``agents``/``trainers`` are only mapped in by the install.
 """
 
 from __future__ import annotations
