@@ -118,7 +118,9 @@ class NL2RepoConfig:
             raise ValueError(f"tier {self.tier!r} is not one of {TIERS}")
         T.select_tools(self.tools)  # unknown names fail here, naming the known ones
         if isinstance(self.potential, dict):
-            self.potential = _nested(PotentialConfig, self.potential, "NL2RepoEnv potential options")
+            self.potential = _nested(
+                PotentialConfig, self.potential, "NL2RepoEnv potential options"
+            )
         if isinstance(self.grading, dict):
             self.grading = _nested(GradingConfig, self.grading, "NL2RepoEnv grading options")
 
