@@ -272,6 +272,28 @@ def test_resume_offload_and_save_pretrained(megatron_world, model_dir, tmp_path)
     assert all(torch.equal(saved_hf[k], v) for k, v in a.named_parameters())
 
 
+def test_nan_steps_are_skipped_then_stop_the_run(megatron_world, model_dir):
+    """As the torch backend: a NaN loss (the final norm's output poisoned) leaves weights,
+    optimizer state and version; two in a row (max_nonfinite_steps=2) raise."""
+    from gyre_env.trainers.megatron import MegatronTrainer, MegatronTrainerConfig
+    from gyre_env.trainers.steps import NonFiniteStepError
+
+    cfg = MegatronTrainerConfig(lr=1e-3, device="cpu", max_nonfinite_steps=2)
+    trainer = MegatronTrainer(model_dir, cfg, LossConfig())
+    batch = _tree_batch(seed=7)
+    trainer.train_step(batch)
+    before = {n: p.detach().clone() for n, p in trainer.named_parameters()}
+    norm = trainer.model.decoder.final_layernorm
+    hook = norm.register_forward_hook(lambda m, i, out: out * float("nan"))
+    assert trainer.train_step(batch)["skipped"] == 1.0 and trainer.version == 1
+    for n, p in trainer.named_parameters():
+        assert torch.equal(p, before[n]), n
+    with pytest.raises(NonFiniteStepError, match="2 non-finite steps in a row"):
+        trainer.train_step(batch)
+    hook.remove()
+    assert trainer.train_step(batch)["skipped"] == 0.0 and trainer.version == 2
+
+
 def test_import_is_lazy_and_a_missing_extra_names_the_install():
     code = (
         "import sys; sys.modules['megatron'] = None\n"

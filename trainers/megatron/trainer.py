@@ -222,10 +222,12 @@ class MegatronTrainer:
         sums = accumulate(batch, tensors, lambda p, t: self._microbatch(p, t, rl, agg, normalizer))
         self.ddp.finish_grad_sync()  # data-parallel sum into the grad buffers
         lr = self._lr()
-        grad_norm = self._optimizer_step(lr)
-        self._lr_step += 1
-        self._version += 1
-        return step_metrics(sums, batch, grad_norm, lr, time.perf_counter() - start)
+        grad_norm, stepped = self._optimizer_step(lr)
+        if stepped:
+            self._lr_step += 1
+            self._version += 1
+        metrics = step_metrics(sums, batch, grad_norm, lr, time.perf_counter() - start)
+        return {**metrics, "skipped": float(not stepped)}
 
     def _global_normalizer(self, local: float) -> float:
         import torch.distributed as dist
@@ -238,19 +240,23 @@ class MegatronTrainer:
         dist.all_reduce(total, group=group)
         return float(total)
 
-    def _optimizer_step(self, lr: float) -> float:
+    def _optimizer_step(self, lr: float) -> tuple[float, bool]:
+        """Clip and step; returns the gradient norm and whether the step was taken (not
+        for inf/NaN gradients: megatron's optimizer reports that itself, the torch one is
+        checked by ``finite_step``)."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if self.megatron_optimizer:
-            _, grad_norm, _ = self.optimizer.step()
-            return float(grad_norm or 0.0)
+            stepped, grad_norm, _ = self.optimizer.step()
+            return float(grad_norm or 0.0), bool(stepped)
         params = [p for p in self.model.parameters() if p.requires_grad]
         for p in params:
             p.grad = p.main_grad.to(p.dtype)
         grad_norm = _clip_grad_norm(params, self.config.grad_clip or math.inf)
-        if finite_step(self, grad_norm, lr):  # inf/NaN: weights stay as they are
+        stepped = finite_step(self, grad_norm, lr)  # inf/NaN: weights stay as they are
+        if stepped:
             self.optimizer.step()
-        return grad_norm
+        return grad_norm, stepped
 
     # ---- the elastic core cell (gyre_env.scheduler.core.CoreStep) ----------------------
     def zero_grads(self) -> None:
@@ -288,9 +294,9 @@ class MegatronTrainer:
             if sync:
                 self.ddp.finish_grad_sync()
             lr = self._lr()
-            grad_norm = self._optimizer_step(lr)
-        self._lr_step += 1
-        return {"grad_norm": grad_norm, "lr": lr}
+            grad_norm, stepped = self._optimizer_step(lr)
+        self._lr_step += int(stepped)
+        return {"grad_norm": grad_norm, "lr": lr, "skipped": float(not stepped)}
 
     def _microbatch(
         self, packed, t: dict, rl: bool, agg: str, normalizer: float, version: int | None = None
