@@ -162,19 +162,28 @@ class TorchTrainer:
         sums = accumulate(
             batch, tensors, lambda p, t: self._microbatch(p, t, rl, agg, normalizer), scale
         )
+        grad_norm, lr, stepped = self.optimizer_step(sums["loss"])
+        if stepped:
+            self._version += 1
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+        metrics = step_metrics(sums, batch, grad_norm, lr, time.perf_counter() - start)
+        return {**metrics, "skipped": float(not stepped)}
+
+    def optimizer_step(self, loss: float = 0.0) -> tuple[float, float, bool]:
+        """Clip the accumulated gradients and take the optimizer and lr-schedule step,
+        unless the loss or gradient norm is inf/NaN (``finite_step``). Returns the
+        gradient norm, the lr and whether the step was taken. ``train_step`` ends with it,
+        as does the elastic core's step (``scheduler.core.apply_step``)."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         clip = self.config.grad_clip or float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
         lr = self.scheduler.get_last_lr()[0]
-        skipped = not finite_step(self, grad_norm, lr, sums["loss"])
-        if skipped:
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
+        stepped = finite_step(self, grad_norm, lr, loss)
+        if stepped:
             self.optimizer.step()
             self.scheduler.step()
-            self._version += 1
-        metrics = step_metrics(sums, batch, grad_norm, lr, time.perf_counter() - start)
-        return {**metrics, "skipped": float(skipped)}
+        return grad_norm, lr, stepped
 
     def accumulate_grads(self, units, kind: str, normalizer: float, version: int) -> dict:
         """Forward and backward over ``units`` into the parameters' ``.grad`` (not zeroed

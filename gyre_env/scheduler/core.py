@@ -52,20 +52,11 @@ def with_reference(trainer):
 
 
 def apply_step(trainer) -> dict:
-    """Clip the accumulated gradients, take the optimizer step, zero the gradients."""
-    from gyre_env.trainers.steps import finite_step
-
-    torch = _torch()
-    params = [p for p in trainer.model.parameters() if p.grad is not None]
-    clip = trainer.config.grad_clip or float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
-    lr = trainer.scheduler.get_last_lr()[0]
-    skipped = not finite_step(trainer, grad_norm, lr)  # inf/NaN: weights stay as they are
-    if not skipped:
-        trainer.optimizer.step()
-        trainer.scheduler.step()
+    """Clip the accumulated gradients, take the optimizer step (not for inf/NaN ones),
+    zero the gradients."""
+    grad_norm, lr, stepped = trainer.optimizer_step()
     trainer.optimizer.zero_grad(set_to_none=True)
-    return {"grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)}
+    return {"grad_norm": grad_norm, "lr": lr, "skipped": float(not stepped)}
 
 
 def split_units(units: Sequence, shares: int) -> list[list]:

@@ -85,6 +85,8 @@ class MegatronTrainerConfig:
             raise ValueError(f"optimizer must be auto, torch or megatron, got {self.optimizer!r}")
         if self.tensor_parallel < 1:
             raise ValueError(f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
 
 
 def _te_available() -> bool:
