@@ -178,6 +178,13 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
     from gyre_env.trajectory.store import TrajectoryStore
 
     cfg.validate()
+    if cfg.sft.steps_per_iteration:
+        from gyre_env.train.config import ConfigError
+
+        raise ConfigError(
+            "sft.steps_per_iteration: the elastic scheduler trains on rollouts only (no gold "
+            "steps between RL steps); run it with --set sft.steps_per_iteration=0"
+        )
     _check_out(cfg.out_dir, resume)
     if resume:
         _check_unfinished(cfg)

@@ -98,6 +98,12 @@ class SFTConfig:
     max_seconds: float | None = None
     """Stop SFT after this much training time even if steps remain (None: no limit). The
     learning benchmark's control continues SFT for as long as RL ran."""
+    steps_per_iteration: int = 0
+    """Gold SFT steps in every RL iteration, after its RL steps (InstructGPT's PPO-ptx,
+    as steps of their own): RL keeps seeing the gold trajectories, so it does not unlearn
+    what SFT taught while it reinforces its own successes. Same gold trajectories and
+    ``batch_size`` as SFT, at RL's learning rate (``algorithm.optim.lr``); 0: off. The
+    synchronous loop only (``gyre train --elastic`` trains on rollouts alone)."""
 
 
 @dataclass(kw_only=True)
@@ -288,10 +294,16 @@ class TrainConfig:
             "schedule.iterations": self.schedule.iterations,
             "sft.trajectories": self.sft.trajectories,
             "sft.steps": self.sft.steps,
+            "sft.steps_per_iteration": self.sft.steps_per_iteration,
         }.items():
             if value < 0:
                 raise ConfigError(f"{key} must be >= 0, got {value}")
         self._check_env_kwargs()
+        if self.sft.steps_per_iteration and not (self.sft.trajectories and self.sft.steps):
+            raise ConfigError(
+                "sft.steps_per_iteration trains on the gold trajectories SFT records: it "
+                "needs sft.trajectories and sft.steps > 0 (or set it to 0)"
+            )
         if self.rollout.group_size < 2 and self.schedule.iterations:
             raise ConfigError("rollout.group_size must be >= 2: GRPO compares attempts")
         self.loss_config()

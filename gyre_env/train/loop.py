@@ -133,6 +133,7 @@ class _Run:
         self.rng = np.random.default_rng(cfg.seed)
         self.gold_tasks, self.rl_tasks = split_pool(cfg, self.train_tasks)
         self.cursor = Cursor()
+        self._gold_data: tuple[list, dict] | None = None
         self.evals: list[dict] = []
         self.trainer = self.service = self.engine = self.store = self.logger = None
 
@@ -318,29 +319,17 @@ class _Run:
         self.logger.log("phase", {"phase": "sft_record", "seconds": time.monotonic() - t0})
 
     def sft(self, stop: _Stop) -> None:
-        from gyre_env.trainers.protocol import TrainBatch
-
         t0 = time.monotonic()
-        from gyre_env.trajectory.tree import build_trees
-
         cfg, c = self.cfg.sft, self.cursor
-        episodes = [e for e in self.store.episodes(run="sft") if e.outcome != "infra_error"]
-        if not episodes:
-            raise RuntimeError("no gold trajectories in the store (run 'sft')")
-        records = {e.session: list(self.store.records([e.session])) for e in episodes}
+        self._gold()  # no gold: fail before the progress bar
         bar = _bar(cfg.steps, "sft", self.cfg.logging.progress, initial=c.sft_step)
         started = time.monotonic()
         while c.sft_step < cfg.steps:
             if cfg.max_seconds is not None and time.monotonic() - started > cfg.max_seconds:
                 break
-            pick = [
-                episodes[i]
-                for i in self.rng.choice(len(episodes), min(cfg.batch_size, len(episodes)), False)
-            ]
-            trees = build_trees([r for e in pick for r in records[e.session]], pick)
-            units = units_of(trees, self.cfg)
+            batch = self.gold_batch(self.rng)
             with stop.train_phase():  # a Ctrl-C is taken once the step is logged
-                m = self.trainer.train_step(TrainBatch(units=units, kind="sft"))
+                m = self.trainer.train_step(batch)
                 c.sft_step += 1
                 self.logger.log("sft", {"step": c.sft_step, **m})
             if bar is not None:
@@ -351,6 +340,27 @@ class _Run:
         self.push_weights()
         self.logger.log("phase", {"phase": "sft_train", "seconds": time.monotonic() - t0})
         self.evaluate("sft")
+
+    def _gold(self) -> tuple[list, dict]:
+        """The gold episodes (store run ``sft``) and their records, read once."""
+        if self._gold_data is None:
+            episodes = [e for e in self.store.episodes(run="sft") if e.outcome != "infra_error"]
+            if not episodes:
+                raise RuntimeError("no gold trajectories in the store (run 'sft')")
+            records = {e.session: list(self.store.records([e.session])) for e in episodes}
+            self._gold_data = episodes, records
+        return self._gold_data
+
+    def gold_batch(self, rng: np.random.Generator):
+        """An SFT batch: ``sft.batch_size`` gold episodes drawn with ``rng``."""
+        from gyre_env.trainers.protocol import TrainBatch
+        from gyre_env.trajectory.tree import build_trees
+
+        episodes, records = self._gold()
+        n = min(self.cfg.sft.batch_size, len(episodes))
+        pick = [episodes[i] for i in rng.choice(len(episodes), n, False)]
+        trees = build_trees([r for e in pick for r in records[e.session]], pick)
+        return TrainBatch(units=units_of(trees, self.cfg), kind="sft")
 
     def iteration(self, stop: _Stop) -> None:
         from gyre_env.trainers.protocol import TrainBatch
@@ -380,14 +390,20 @@ class _Run:
         )
         staleness: dict[str, int] = {}
         train_tokens = train_s = 0.0
-        while c.minibatch < len(minibatches):
-            batch = TrainBatch(units=minibatches[c.minibatch], kind="rl")
-            _count_lag(staleness, batch, self.trainer.version)
+        # the RL steps, then sft.steps_per_iteration gold steps (c.minibatch counts both)
+        while c.minibatch < len(minibatches) + cfg.sft.steps_per_iteration:
+            rl = c.minibatch < len(minibatches)
+            if rl:
+                batch = TrainBatch(units=minibatches[c.minibatch], kind="rl")
+                _count_lag(staleness, batch, self.trainer.version)
+            else:  # a generator per step: a resumed run draws the same gold
+                batch = self.gold_batch(np.random.default_rng([cfg.seed, 2, it, c.minibatch]))
             with stop.train_phase():  # a Ctrl-C is taken once the step is logged
                 m = self.trainer.train_step(batch)
                 c.minibatch += 1
-                c.rl_step += 1
-                self.logger.log("rl", {"step": self.trainer.version, "iteration": it, **m})
+                c.rl_step += rl
+                row = {"step": self.trainer.version, "iteration": it, **m}
+                self.logger.log("rl" if rl else "ptx", row)
             train_tokens += m["tokens"]
             train_s += m["step_s"]
         t_train = time.monotonic() - t1
@@ -534,7 +550,7 @@ def evaluate_heldout(
         cfg,
         out=str(out),
         model=dataclasses.replace(cfg.model, path=str(model)),
-        sft=dataclasses.replace(cfg.sft, trajectories=0),
+        sft=dataclasses.replace(cfg.sft, trajectories=0, steps_per_iteration=0),
         schedule=dataclasses.replace(cfg.schedule, iterations=0),
     )
     run = _Run(sub, resume=False)

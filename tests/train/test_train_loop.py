@@ -126,6 +126,46 @@ def test_ctrl_c_saves_and_resume_gives_the_same_next_step_loss(tmp_path, monkeyp
     assert losses_a[4] != 0.0
 
 
+def test_gold_steps_follow_each_iterations_rl_steps_and_resume_exactly(tmp_path, monkeypatch):
+    """``sft.steps_per_iteration``: after each iteration's RL steps, that many SFT steps
+    on the gold trajectories (logged as ``ptx``; the version counts them, the RL step
+    count does not). Run B is stopped during its first gold step and resumed: its gold
+    steps draw the same gold and give the same NLL as uninterrupted run A's."""
+    from gyre_env.trainers import torch_backend
+
+    from gyre_env.train import train
+
+    more = ["sft.trajectories=4", "sft.steps=2", "sft.batch_size=2", "sft.steps_per_iteration=2",
+            "schedule.iterations=2", "schedule.optimizer_steps=1", "rollout.parallel=1",
+            "schedule.eval_every=100"]  # fmt: skip
+    a = train(_cfg(tmp_path / "a", *more))
+    assert [r["step"] for r in _rows(a.out_dir, "rl")] == [3, 6]
+    ptx_a = {r["step"]: r["nll"] for r in _rows(a.out_dir, "ptx")}
+    assert sorted(ptx_a) == [4, 5, 7, 8]
+    assert [r["iteration"] for r in _rows(a.out_dir, "ptx")] == [0, 0, 1, 1]
+    assert all(0 < v < 20 for v in ptx_a.values())
+    assert len(set(ptx_a.values())) == 4  # other gold or other weights each step
+    assert json.loads((a.out_dir / "checkpoints" / "cursor.json").read_text())["rl_step"] == 2
+
+    step = torch_backend.TorchTrainer.train_step
+
+    def interrupted(self, batch):
+        if self.version == 3:  # during the first gold step
+            os.kill(os.getpid(), signal.SIGINT)
+        return step(self, batch)
+
+    monkeypatch.setattr(torch_backend.TorchTrainer, "train_step", interrupted)
+    cfg_b = _cfg(tmp_path / "b", *more)
+    assert train(cfg_b).interrupted
+    assert [r["step"] for r in _rows(cfg_b.out_dir, "ptx")] == [4]
+    monkeypatch.setattr(torch_backend.TorchTrainer, "train_step", step)
+    assert not train(cfg_b, resume=True).interrupted
+    ptx_b = {r["step"]: r["nll"] for r in _rows(cfg_b.out_dir, "ptx")}
+    assert sorted(ptx_b) == [4, 5, 7, 8]
+    for k in ptx_a:
+        assert abs(ptx_a[k] - ptx_b[k]) <= 1e-6, (k, ptx_a[k], ptx_b[k])
+
+
 def test_bad_configs_are_refused_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match=r"rollout.group_size must be int, got str"):
         from_dict(TrainConfig, {"rollout": {"group_size": "8"}})
@@ -137,6 +177,10 @@ def test_bad_configs_are_refused_naming_the_key(tmp_path):
     bad.write_text("[schedule]\niterations = 'ten'\n")
     with pytest.raises(ConfigError, match=r"bad.toml: schedule.iterations must be int"):
         load_config(bad)
+    with pytest.raises(ConfigError, match=r"sft.steps_per_iteration trains on the gold"):
+        apply_overrides(TrainConfig(), ["sft.trajectories=0", "sft.steps_per_iteration=4"])
+    with pytest.raises(ConfigError, match=r"sft.steps_per_iteration must be >= 0, got -1"):
+        apply_overrides(TrainConfig(), ["sft.steps_per_iteration=-1"])
     with pytest.raises(ConfigError, match="no preset 'cpu-dmeo'"):
         load_config(preset="cpu-dmeo")
     # The env's options, nested ones too, are checked before a run folder exists.
