@@ -29,7 +29,9 @@ table) and ``elastic-trace.json`` (the run as simulator input, see
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -178,13 +180,14 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
     from gyre_env.trajectory.store import TrajectoryStore
 
     cfg.validate()
-    if cfg.sft.steps_per_iteration:
-        from gyre_env.train.config import ConfigError
-
-        raise ConfigError(
-            "sft.steps_per_iteration: the elastic scheduler trains on rollouts only (no gold "
-            "steps between RL steps); run it with --set sft.steps_per_iteration=0"
+    if cfg.sft.steps_per_iteration:  # said, not silently left out
+        print(
+            f"note: sft.steps_per_iteration={cfg.sft.steps_per_iteration} (gold SFT steps "
+            "between RL iterations) is the synchronous loop's; the elastic phase trains on "
+            "its rollouts only",
+            file=sys.stderr,
         )
+        cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps_per_iteration=0))
     _check_out(cfg.out_dir, resume)
     if resume:
         _check_unfinished(cfg)

@@ -58,12 +58,3 @@ def test_a_synchronous_runs_store_is_not_an_elastic_run(tmp_path):
     _check_out(out, resume=False)
     _check_out(tmp_path / "fresh", resume=False)
 
-
-def test_gold_steps_between_rl_steps_are_refused_by_name(tmp_path, capsys):
-    """The synchronous loop's ``sft.steps_per_iteration`` has no elastic counterpart: said
-    before any work, not silently left out."""
-    out = tmp_path / "run"
-    assert _main(out, "--set", "sft.steps_per_iteration=4") == 2
-    err = capsys.readouterr().err
-    assert "sft.steps_per_iteration" in err and "sft.steps_per_iteration=0" in err
-    assert not out.exists()

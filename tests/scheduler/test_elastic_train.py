@@ -60,14 +60,18 @@ def test_gyre_train_elastic_switches_roles_and_trains(tmp_path, capsys):
     out = tmp_path / "run"
     sets = [a for kv in TINY for a in ("--set", kv)]
     argv = ["train", "--preset", "cpu-demo", "--elastic", "--cells", "2", "--out", str(out)]
-    assert main([*argv, "--iterations", "1", "--no-progress", *sets]) == 0
+    gold = ["--set", "sft.steps_per_iteration=3"]  # the synchronous loop's: noted, not taken
+    assert main([*argv, "--iterations", "1", "--no-progress", *sets, *gold]) == 0
     data = json.loads((out / "elastic.json").read_text())
     assert [s["step"] for s in data["steps"]] == [1, 2]
+    captured = capsys.readouterr()
+    assert "note: sft.steps_per_iteration=3" in captured.err
     assert any(s["to"] == "TRAINING" for s in data["switches"])
     assert {"stop_admitting", "release", "onload"} <= set(data["switches"][0]["phases"])
     assert {state for _, state, _, _ in data["timeline"]} >= {"rollout", "training"}
     assert (out / "store.db").is_file() and (out / "episodes.jsonl").is_file()
-    printed = capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["sft"]["steps_per_iteration"] == 0
+    printed = captured.out
     assert "switches" in printed and "held-out pass rate: random" in printed
     # Warm start (the synchronous loop's phases), then the trained weights evaluated.
     assert [e["phase"] for e in data["evals"]] == ["random", "sft", "rl"]
