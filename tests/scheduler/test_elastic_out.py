@@ -57,4 +57,3 @@ def test_a_synchronous_runs_store_is_not_an_elastic_run(tmp_path):
     _store_with(out, "rl.0000.r0")  # the synchronous loop's sessions do not collide
     _check_out(out, resume=False)
     _check_out(tmp_path / "fresh", resume=False)
-
