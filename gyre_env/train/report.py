@@ -51,7 +51,7 @@ def read_metrics(path: Path) -> tuple[dict[str, Rows], int]:
         else:
             bad += 1
     # A resumed run re-logs the steps after its last checkpoint: the later line wins.
-    for kind, key in (("sft", "step"), ("rl", "step"), ("iteration", "iteration")):
+    for kind, key in (("sft", "step"), ("rl", "step"), ("ptx", "step"), ("iteration", "iteration")):
         if kind in by_kind:
             by_kind[kind] = _last_by(by_kind[kind], key)
     return by_kind, bad
@@ -247,16 +247,18 @@ def plot_heldout(by_kind: dict[str, Rows], plt) -> str | None:
 
 
 def plot_sft(by_kind: dict[str, Rows], plt) -> str | None:
-    """SFT loss (and NLL when logged apart) per optimizer step."""
+    """SFT loss (and NLL when logged apart) per optimizer step, and the gold NLL of the
+    SFT steps taken between RL iterations (``sft.steps_per_iteration``)."""
     rows = by_kind.get("sft", [])
     curves = [(k, *series(rows, "step", k)) for k in ("loss", "nll")]
+    curves.append(("gold nll during RL", *series(by_kind.get("ptx", []), "step", "nll")))
     curves = [c for c in curves if c[1]]
     if not curves:
         return None
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
     for key, xs, ys in curves:
         ax.plot(xs, ys, linewidth=1.2, label=key)
-    ax.set_xlabel("SFT step")
+    ax.set_xlabel("optimizer step")
     ax.set_title("SFT loss")
     ax.legend(fontsize=8)
     return _done(fig, plt)

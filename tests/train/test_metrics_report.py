@@ -266,3 +266,22 @@ def test_resumed_steps_keep_the_last_line(tmp_path):
     assert bad == 0
     assert [r.get("step") for r in by_kind["rl"]] == [1, 2, None]
     assert by_kind["rl"][1]["loss"] == 1.0
+
+
+def test_gold_steps_between_rl_iterations_are_plotted_with_sft(tmp_path):
+    """``ptx`` rows (``sft.steps_per_iteration``): their gold NLL goes on the SFT plot (a
+    run that resumed keeps each step's last line), even with no SFT rows of the run's own."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gyre_env.train.report import plot_sft
+
+    rows = [{"kind": "ptx", "step": s, "iteration": 0, "nll": 0.5} for s in (3, 4, 4)]
+    _write_jsonl(tmp_path / "metrics.jsonl", rows)
+    by_kind, _ = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in by_kind["ptx"]] == [3, 4]
+    assert plot_sft(by_kind, plt) is not None
+    assert plot_sft({"rl": by_kind["ptx"]}, plt) is None
