@@ -180,7 +180,7 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
     from gyre_env.trajectory.store import TrajectoryStore
 
     cfg.validate()
-    if cfg.sft.steps_per_iteration:  # said, not silently left out
+    if cfg.gold_steps_per_iteration():  # said, not silently left out
         print(
             f"note: sft.steps_per_iteration={cfg.sft.steps_per_iteration} (gold SFT steps "
             "between RL iterations) is the synchronous loop's; the elastic phase trains on "

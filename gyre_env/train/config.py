@@ -102,8 +102,9 @@ class SFTConfig:
     """Gold SFT steps in every RL iteration, after its RL steps (InstructGPT's PPO-ptx,
     as steps of their own): RL keeps seeing the gold trajectories, so it does not unlearn
     what SFT taught while it reinforces its own successes. Same gold trajectories and
-    ``batch_size`` as SFT, at RL's learning rate (``algorithm.optim.lr``); 0: off. The
-    synchronous loop only (``gyre train --elastic`` trains on rollouts alone)."""
+    ``batch_size`` as SFT, at RL's learning rate (``algorithm.optim.lr``); 0: off, and
+    off without SFT (``trajectories`` or ``steps`` 0: no gold). The synchronous loop only
+    (``gyre train --elastic`` says so and trains on rollouts alone)."""
 
 
 @dataclass(kw_only=True)
@@ -225,6 +226,12 @@ class TrainConfig:
         data["temperature"] = self.rollout.temperature
         return _build(LossConfig, data, "algorithm.loss")
 
+    def gold_steps_per_iteration(self) -> int:
+        """Gold SFT steps after each RL iteration's steps: ``sft.steps_per_iteration``
+        when the run has SFT (gold to train on), else 0."""
+        sft = self.sft
+        return sft.steps_per_iteration if sft.trajectories and sft.steps else 0
+
     def sample_config(self) -> SampleConfig:
         data = dict(self.algorithm.sample)
         data.setdefault("token_budget", self.model.context_length)
@@ -299,11 +306,6 @@ class TrainConfig:
             if value < 0:
                 raise ConfigError(f"{key} must be >= 0, got {value}")
         self._check_env_kwargs()
-        if self.sft.steps_per_iteration and not (self.sft.trajectories and self.sft.steps):
-            raise ConfigError(
-                "sft.steps_per_iteration trains on the gold trajectories SFT records: it "
-                "needs sft.trajectories and sft.steps > 0 (or set it to 0)"
-            )
         if self.rollout.group_size < 2 and self.schedule.iterations:
             raise ConfigError("rollout.group_size must be >= 2: GRPO compares attempts")
         self.loss_config()

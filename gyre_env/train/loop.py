@@ -391,7 +391,7 @@ class _Run:
         staleness: dict[str, int] = {}
         train_tokens = train_s = 0.0
         # the RL steps, then sft.steps_per_iteration gold steps (c.minibatch counts both)
-        while c.minibatch < len(minibatches) + cfg.sft.steps_per_iteration:
+        while c.minibatch < len(minibatches) + cfg.gold_steps_per_iteration():
             rl = c.minibatch < len(minibatches)
             if rl:
                 batch = TrainBatch(units=minibatches[c.minibatch], kind="rl")
@@ -550,7 +550,7 @@ def evaluate_heldout(
         cfg,
         out=str(out),
         model=dataclasses.replace(cfg.model, path=str(model)),
-        sft=dataclasses.replace(cfg.sft, trajectories=0, steps_per_iteration=0),
+        sft=dataclasses.replace(cfg.sft, trajectories=0),
         schedule=dataclasses.replace(cfg.schedule, iterations=0),
     )
     run = _Run(sub, resume=False)

@@ -177,10 +177,11 @@ def test_bad_configs_are_refused_naming_the_key(tmp_path):
     bad.write_text("[schedule]\niterations = 'ten'\n")
     with pytest.raises(ConfigError, match=r"bad.toml: schedule.iterations must be int"):
         load_config(bad)
-    with pytest.raises(ConfigError, match=r"sft.steps_per_iteration trains on the gold"):
-        apply_overrides(TrainConfig(), ["sft.trajectories=0", "sft.steps_per_iteration=4"])
     with pytest.raises(ConfigError, match=r"sft.steps_per_iteration must be >= 0, got -1"):
         apply_overrides(TrainConfig(), ["sft.steps_per_iteration=-1"])
+    gold = apply_overrides(TrainConfig(), ["sft.steps_per_iteration=4"])
+    assert gold.gold_steps_per_iteration() == 4
+    assert apply_overrides(gold, ["sft.trajectories=0"]).gold_steps_per_iteration() == 0  # no gold
     with pytest.raises(ConfigError, match="no preset 'cpu-dmeo'"):
         load_config(preset="cpu-dmeo")
     # The env's options, nested ones too, are checked before a run folder exists.
