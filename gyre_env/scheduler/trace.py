@@ -147,7 +147,9 @@ def load_run(folder: str | Path) -> RunTrace:
             grp = [_episode(r, store.get(r["session"], []), trained) for _, r in members]
             tokens += sum(e.tokens for e in grp) if trained else 0
             groups.append(grp)
-        steps = [r for r in metrics if r.get("kind") == "rl" and r.get("iteration") == it]
+        # RL steps and the gold SFT steps after them (``ptx``, sft.steps_per_iteration):
+        # the fitted per-step overhead carries the gold steps' time
+        steps = [r for r in metrics if r.get("kind") in _STEPS and r.get("iteration") == it]
         step_tokens.append((tokens, len(steps), sum(r["step_s"] for r in steps)))
     return RunTrace(
         folder=folder,
@@ -163,12 +165,16 @@ def load_run(folder: str | Path) -> RunTrace:
     )
 
 
+_STEPS = ("rl", "ptx")
+"""Optimizer steps inside an RL iteration (``gyre train``'s metrics kinds)."""
+
+
 def _iteration_walls(metrics: list[dict]) -> list[float]:
     """Each ``iteration`` record's time minus the record before it (an eval, a phase or the
     previous iteration)."""
     out, prev = [], None
     for r in metrics:
-        if r.get("kind") in ("rl", "sft"):
+        if r.get("kind") in (*_STEPS, "sft"):
             continue
         if r.get("kind") == "iteration" and prev is not None:
             out.append(r["time"] - prev)

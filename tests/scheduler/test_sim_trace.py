@@ -28,8 +28,9 @@ def _episode_times(rng):
     }
 
 
-def make_run(folder, seed=0):
-    """Episodes of 1 call + 1 tool, 2 slots, up to 2 optimizer steps per iteration."""
+def make_run(folder, seed=0, gold_steps=0):
+    """Episodes of 1 call + 1 tool, 2 slots, up to 2 optimizer steps per iteration, then
+    ``gold_steps`` gold SFT steps (``ptx``, logged with their time as the loop does)."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     cfg = {
@@ -70,7 +71,10 @@ def make_run(folder, seed=0):
         steps = [0.6]  # one group has signal (group 0: scores 0, 1): min(2, 1) steps
         for s in steps:
             metrics.append({"kind": "rl", "iteration": it, "step_s": s, "tokens": 564})
-        now = rollout_end + sum(steps) + 0.01
+        for k in range(gold_steps):
+            done = rollout_end + sum(steps) + 0.4 * (k + 1)
+            metrics.append({"kind": "ptx", "time": done, "iteration": it, "step_s": 0.4})
+        now = rollout_end + sum(steps) + 0.4 * gold_steps + 0.01
         metrics.append({"kind": "iteration", "time": now, "iteration": it, "time_sync": 0.01})
     db.commit()
     db.close()
@@ -96,6 +100,17 @@ def test_replay_predicts_the_synthetic_run(tmp_path):
     measured = sum(trace.measured_s)
     assert r.duration_s == pytest.approx(measured, rel=0.05)
     assert r.steps == ITERS
+
+
+def test_gold_steps_count_in_the_iterations_wall_and_training_time(tmp_path):
+    """A run with ``sft.steps_per_iteration``: each iteration's wall runs from the record
+    before it (not from its last gold step), and the replay prices the gold steps."""
+    trace = load_run(make_run(tmp_path / "run", gold_steps=3))
+    plain = load_run(make_run(tmp_path / "plain"))
+    assert trace.measured_s == pytest.approx([w + 1.2 for w in plain.measured_s])
+    assert [(steps, secs) for _, steps, secs in trace.step_tokens] == [(4, pytest.approx(1.8))] * 3
+    r = simulate(trace_config(trace), ColocatedSyncPolicy(), TraceWorkload(trace.groups))
+    assert r.duration_s == pytest.approx(sum(trace.measured_s), rel=0.05)
 
 
 def test_validate_run_reports_every_mode_within_tolerance(tmp_path):
