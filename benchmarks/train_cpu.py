@@ -10,11 +10,12 @@ time) was measured on seeds 0 and 1 and gained nothing over 24 (README). About 2
 minutes per seed on 2 cores at 24, 38 at 48.
 
 Per seed, run A is ``gyre train --preset cpu-demo --seed S`` (random eval -> SFT on 64
-gold trajectories -> RL on generated tasks that have no gold in the loop, rejection-
-sampling GRPO in the preset -> held-out eval). The control starts from run A's own SFT
-checkpoint (same weights, optimizer, RNG and gold data) and continues SFT for as long as run A's RL phase ran, then is
-evaluated on the same held-out tasks: it answers "is RL better than just more SFT for
-the same time?". Held-out tasks come from the nano heldout split, disjoint from every
+gold trajectories -> RL on generated tasks that have no gold, rejection-sampling GRPO
+with the preset's 8 SFT steps on SFT's gold after each iteration -> held-out eval). The
+control starts from run A's own SFT checkpoint (same weights, optimizer, RNG and gold
+data) and continues SFT for as long as run A's RL phase ran (its gold steps included),
+then is evaluated on the same held-out tasks: it answers "is RL better than just more
+SFT for the same time?". Held-out tasks come from the nano heldout split, disjoint from every
 training task by variant key (template, function name or argument names, constant).
 
 Then each model (the random init, run A's SFT checkpoint and RL result, the control) is
