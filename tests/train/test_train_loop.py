@@ -42,7 +42,8 @@ def test_a_run_writes_its_outputs_and_pushes_versioned_weights(tmp_path):
     from gyre_env.trajectory.store import TrajectoryStore
 
     cfg = _cfg(tmp_path, "sft.trajectories=4", "sft.steps=3", "sft.batch_size=4",
-               "schedule.iterations=2", "schedule.eval_every=2")  # fmt: skip
+               "schedule.iterations=2", "schedule.eval_every=2",
+               "sft.steps_per_iteration=0")  # gold steps: their own test below  # fmt: skip
     summary = train(cfg)
     out = cfg.out_dir
     assert not summary.interrupted
