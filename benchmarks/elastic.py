@@ -18,7 +18,7 @@ printed either way). Every call waits its own tool delay (``--tool-jitter``, mea
 ``--tool-delay``, the same per session and turn under every policy): with one fixed delay the agents that start
 together stay in lockstep, all calling and then all waiting. Wall time runs from the
 start to the last step; the groups still running then are dropped. Each cell's busy and
-idle time is printed with its idle reasons (the driver's, see ``gyre_env.scheduler.elastic``).
+idle time is printed with its idle reasons (the driver's, see ``gyre_env.scheduler.driver``).
 The default size (3 groups of 8 episodes per step, 64 tokens a call) keeps, under the
 staleness bound, enough agents in flight that a rollout cell has calls to serve while
 most agents wait on their tools; smaller, every policy's rollout cells idle in the gaps
@@ -42,9 +42,9 @@ def _policies(args):
 
 
 def run_one(name, make_policy, args, model_dir, tokenizer) -> dict:
-    from gyre_env.scheduler.elastic import ElasticConfig, ElasticDriver
-    from gyre_env.scheduler.local import LocalCells, LocalCellsConfig
-    from gyre_env.scheduler.workloads import RecordBook, ToolLoopConfig, ToolLoopWorkload
+    from gyre_env.scheduler.chat_workload import RecordBook, ToolLoopConfig, ToolLoopWorkload
+    from gyre_env.scheduler.driver import ElasticConfig, ElasticDriver
+    from gyre_env.scheduler.local_cells import LocalCells, LocalCellsConfig
 
     policy = make_policy()
     book = RecordBook()
@@ -89,10 +89,10 @@ def run_one(name, make_policy, args, model_dir, tokenizer) -> dict:
 
 
 def _write_trace(args, name, policy, cells_cfg, config, workload, result) -> None:
-    """The run as the simulator's input (``gyre_env.scheduler.elastic_trace``)."""
+    """The run as the simulator's input (``gyre_env.sim.trace``)."""
     from pathlib import Path
 
-    from gyre_env.scheduler.elastic_trace import write_elastic_trace
+    from gyre_env.sim.trace import write_elastic_trace
 
     write_elastic_trace(
         Path(args.trace_out) / name.replace(" ", "").replace("+", "-"), policy=policy,

@@ -4,7 +4,7 @@
    with and without the potential Φ (sparse mode skips it);
 2. interim scoring (Φ) time after one file changed, for workspaces of 10, 100 and 1,000
    Python files, incremental against a full recheck;
-3. the whole built-in suite's gold preflight: ``gyre tasks check`` (``gyre_env.tasks.check``:
+3. the whole built-in suite's gold preflight: ``gyre tasks check`` (``gyre_env.scoring.preflight``:
    gold, visible and empty runs in sandboxes) and the sandboxed grader alone on every gold;
 4. one step of 8 envs: ``SyncVectorEnv`` against the thread vector env.
 
@@ -89,7 +89,7 @@ def bench_potential(backend: str, repeats: int) -> None:
 
 
 def bench_preflight(backend: str) -> None:
-    from gyre_env.tasks.check import check_tasks
+    from gyre_env.scoring.preflight import check_tasks
 
     tasks = load_suite("builtin")
     print(f"\n[3] whole-suite gold preflight ({len(tasks)} tasks)")

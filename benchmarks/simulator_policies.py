@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gyre_env.scheduler.compare import compare
-from gyre_env.scheduler.config import load_sim_config
+from gyre_env.sim.compare import compare
+from gyre_env.sim.config import load_sim_config
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,9 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from gyre_env.scheduler.compare import policy_factories
-from gyre_env.scheduler.config import load_sim_config
-from gyre_env.scheduler.sim import simulate
+from gyre_env.sim.compare import policy_factories
+from gyre_env.sim.config import load_sim_config
+from gyre_env.sim.simulator import simulate
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "simulate_nl2repo.toml"
 

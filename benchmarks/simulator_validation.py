@@ -21,8 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gyre_env.scheduler.elastic_trace import TRACE_FILE, validate_elastic
-from gyre_env.scheduler.trace import validate_run
+from gyre_env.sim.trace import TRACE_FILE, validate_elastic, validate_run
 
 
 def main(argv: list[str] | None = None) -> int:

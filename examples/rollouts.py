@@ -17,7 +17,7 @@ import threading
 
 from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
 
-from gyre_env.bench.report import format_summary, format_table, summarize
+from gyre_env.bench.summary import format_summary, format_table, summarize
 from gyre_env.proxy.serving import ModelService, ModelServiceConfig
 from gyre_env.runner import EpisodeSpec, JsonlResultSink, Runner, RunnerConfig
 from gyre_env.tasks import load_suite

@@ -13,7 +13,7 @@ _COMMAND_MODULES = [
     "gyre_env.trajectory.cli",
     "gyre_env.bench.cli",
     "gyre_env.train.cli",
-    "gyre_env.scheduler.cli",
+    "gyre_env.sim.cli",
 ]
 
 

@@ -14,7 +14,7 @@ from gyre_env.agents import GoldAgent, ScriptedAgent
 from gyre_env.agents.base import EpisodeClock, WaterLevel
 from gyre_env.agents.scripted import gold_actions
 
-from gyre_env.bench.report import summarize
+from gyre_env.bench.summary import summarize
 from gyre_env.runner import EpisodeSpec, Runner, RunnerConfig
 from gyre_env.tasks import get_task
 

@@ -3,7 +3,7 @@ and where the time went.
 
 - :mod:`~gyre_env.bench.config`: ``BenchConfig`` (every field is a ``gyre bench`` flag);
 - :mod:`~gyre_env.bench.run`: ``run_bench(cfg)`` and ``select_tasks``;
-- :mod:`~gyre_env.bench.report`: the results table, JSON summary and HTML report;
+- :mod:`~gyre_env.bench.summary`: the results table, JSON summary and HTML report;
 - :mod:`~gyre_env.bench.cli`: the command line (``gyre bench`` = ``python -m gyre_env.bench``).
 
 Importing this package imports none of its parts; the names below load on first use.

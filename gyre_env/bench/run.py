@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gyre_env.bench.config import BenchConfig
-from gyre_env.bench.report import format_summary, format_table, summarize, write_html
+from gyre_env.bench.summary import format_summary, format_table, summarize, write_html
 from gyre_env.runner import EpisodeResult, EpisodeSpec, JsonlResultSink, Runner, RunnerConfig
 
 log = logging.getLogger(__name__)

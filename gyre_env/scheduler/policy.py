@@ -2,7 +2,7 @@
 
 A policy is plain Python with no I/O and no clock of its own: it reads an
 :class:`Observation` of the cluster and returns a :class:`Decision`. The real elastic
-scheduler and the discrete-event simulator (:mod:`gyre_env.scheduler.sim`) build the same
+scheduler and the discrete-event simulator (:mod:`gyre_env.sim.simulator`) build the same
 observation and drive the same objects, so a simulated result is a result of the shipped
 policy code.
 

@@ -3,7 +3,7 @@
 ``RayTrainingGroup`` starts one actor per rank (rank 0 the core, which owns the only
 optimizer state), each in its own bundle of a placement group (``PACK`` on one machine,
 ``SPREAD`` across nodes), and joins them into one ``torch.distributed`` group
-(:class:`~gyre_env.scheduler.core.TrainingGroup`: gloo here, NCCL on GPUs). ``step``
+(:class:`~gyre_env.scheduler.core_cell.TrainingGroup`: gloo here, NCCL on GPUs). ``step``
 hands each rank its share of the batch; gradients reduce to the core, which steps and
 broadcasts the new weights; ``beat`` runs the heartbeat (``STALE_WEIGHTS_DETECTED``).
 
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gyre_env._optional import require
-from gyre_env.scheduler.local import LocalCells
+from gyre_env.scheduler.local_cells import LocalCells
 
 
 @dataclass(kw_only=True)
@@ -91,7 +91,7 @@ class _Rank:
     def __init__(self, model_dir: str, rank: int, world: int, init_method: str, cfg: dict):
         import torch
 
-        from gyre_env.scheduler.core import GroupConfig, TrainingGroup, join_group
+        from gyre_env.scheduler.core_cell import GroupConfig, TrainingGroup, join_group
         from gyre_env.scheduler.versions import HeartbeatConfig
 
         torch.set_num_threads(1)
@@ -176,7 +176,7 @@ class _Rank:
 def _rank_trainer(backend: str, model_dir: str, configs: tuple):
     """A rank's trainer, its KL reference frozen now (``with_reference``). A Megatron
     rank's optimizer is never sharded over the ranks: the core holds all of it."""
-    from gyre_env.scheduler.core import with_reference
+    from gyre_env.scheduler.core_cell import with_reference
 
     if backend == "megatron":
         import dataclasses
@@ -311,7 +311,7 @@ class RayCoreStep:
     def step(
         self, units: Sequence, satellites: Sequence = (), kind: str = "rl", *, core_share=True
     ) -> dict:
-        from gyre_env.scheduler.core import split_units
+        from gyre_env.scheduler.core_cell import split_units
 
         if kind != "rl":
             raise ValueError("the Ray ranks take RL steps only")
@@ -411,7 +411,7 @@ def cell_devices(cells: int) -> dict:
     than the ranks reserve (the placement group would wait forever)."""
     import ray
 
-    from gyre_env.train.config import ConfigError
+    from gyre_env.config import ConfigError
 
     have = ray.cluster_resources()
     cpus, gpus = have.get("CPU", 0.0), have.get("GPU", 0.0)
@@ -458,7 +458,7 @@ def connect(address: str = "auto", **init_kwargs):
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """A clear error for a cluster address nothing answers at (``ray.init`` would retry
     for minutes, printing GCS timeouts)."""
-    from gyre_env.train.config import ConfigError
+    from gyre_env.config import ConfigError
 
     target = address.removeprefix("ray://")
     host, sep, port = target.rpartition(":")
@@ -486,7 +486,7 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
 def _not_a_head(address: str, why: str):
     """The error for an address where something answers that is not a Ray head."""
-    from gyre_env.train.config import ConfigError
+    from gyre_env.config import ConfigError
 
     return ConfigError(
         f"--ray {address}: something answers there, but not a Ray cluster's head ({why}); "

@@ -111,7 +111,7 @@ def _cmd_list(args) -> int:
 
 def _cmd_check(args) -> int:
     from gyre_env.sandbox import choose_backend
-    from gyre_env.tasks.check import check_tasks
+    from gyre_env.scoring.preflight import check_tasks
 
     tasks = load_tasks_from_args(args)
     backend = choose_backend(args.backend)

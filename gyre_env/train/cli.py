@@ -63,7 +63,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, preset=args.preset, overrides=overrides)
         if args.elastic:
-            from gyre_env.scheduler.elastic_train import train_elastic
+            from gyre_env.train.elastic import train_elastic
 
             result = train_elastic(cfg, cells=args.cells, ray=args.ray, resume=args.resume)
             return 130 if result is None else 0

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gyre_env.config import ConfigError, build, from_dict
 from gyre_env.trajectory.sampling import SampleConfig
 
+__all__ = ["ConfigError", "TrainConfig", "apply_overrides", "from_dict", "load_config"]
+
 PRESETS_DIR = Path(__file__).with_name("presets")
-
-
-class ConfigError(ValueError):
-    """A training config that cannot run; the message names the key and the cause."""
 
 
 @dataclass(kw_only=True)
@@ -224,7 +221,7 @@ class TrainConfig:
                 "algorithm.loss.temperature: set rollout.temperature (the loss uses it)"
             )
         data["temperature"] = self.rollout.temperature
-        return _build(LossConfig, data, "algorithm.loss")
+        return build(LossConfig, data, "algorithm.loss")
 
     def gold_steps_per_iteration(self) -> int:
         """Gold SFT steps after each RL iteration's steps: ``sft.steps_per_iteration``
@@ -235,16 +232,16 @@ class TrainConfig:
     def sample_config(self) -> SampleConfig:
         data = dict(self.algorithm.sample)
         data.setdefault("token_budget", self.model.context_length)
-        return _build(SampleConfig, data, "algorithm.sample")
+        return build(SampleConfig, data, "algorithm.sample")
 
     def optim_config(self):
         if self.backend == "megatron":
             from gyre_env.trainers.megatron.trainer import MegatronTrainerConfig
 
-            return _build(MegatronTrainerConfig, self.algorithm.optim, "algorithm.optim")
+            return build(MegatronTrainerConfig, self.algorithm.optim, "algorithm.optim")
         from gyre_env.trainers.torch_backend import TorchTrainerConfig
 
-        return _build(TorchTrainerConfig, self.algorithm.optim, "algorithm.optim")
+        return build(TorchTrainerConfig, self.algorithm.optim, "algorithm.optim")
 
     def _check_env_kwargs(self) -> None:
         """``tasks.env_kwargs`` checked against the NL2Repo env's options (a custom env,
@@ -313,80 +310,7 @@ class TrainConfig:
         self.optim_config()
 
 
-def _build(cls, data: dict, where: str):
-    try:
-        return from_dict(cls, data, where)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: {e}") from e
-
-
 # ---- loading ----------------------------------------------------------------------------
-def from_dict(cls, data: dict, where: str = ""):
-    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or cls.__name__}: expected a table, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        key = f"{where}.{unknown[0]}" if where else unknown[0]
-        raise ConfigError(f"unknown key {key!r}; known keys here: {sorted(fields)}")
-    kwargs = {}
-    for name, value in data.items():
-        key = f"{where}.{name}" if where else name
-        kwargs[name] = _coerce(hints[name], value, key)
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"{where or cls.__name__}: {e}") from e
-
-
-def _coerce(tp, value, key: str):
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, key)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
-    if origin is typing.Literal:
-        if value not in typing.get_args(tp):
-            raise ConfigError(f"{key} must be one of {typing.get_args(tp)}, got {value!r}")
-        return value
-    if origin in (tuple, list):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key} must be a list, got {type(value).__name__} {value!r}")
-        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
-        items = [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)] if args else value
-        return origin(items)
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key} must be a table, got {type(value).__name__} {value!r}")
-        return dict(value)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key} must be a number, got {type(value).__name__} {value!r}")
-        return float(value)
-    if tp in (int, str, bool):
-        if type(value) is not tp:
-            raise ConfigError(f"{key} must be {tp.__name__}, got {type(value).__name__} {value!r}")
-        return value
-    return value
-
-
 def load_config(
     path: str | Path | None = None, *, preset: str | None = None, overrides: list[str] = ()
 ) -> TrainConfig:

@@ -414,7 +414,7 @@ def eval_table(by_kind: dict[str, Rows]) -> str:
 def plot_cells(by_kind: dict[str, Rows], plt) -> str | None:
     """The cells' roles over the run (``cell_state`` records), a marker at each switch's
     start (SVG id ``switch-<i>``; down: to training, up: to rollout)."""
-    from gyre_env.scheduler.report import gantt_chart
+    from gyre_env.sim.report import gantt_chart
 
     rows = []
     for r in by_kind.get("cell_state", []):

@@ -368,3 +368,24 @@ __all__ = [
     "record_written",
     "submit_record",
 ]
+
+
+def trace_calls(records) -> list[dict]:
+    """A traced episode's calls from its proxy records, in call order: ``new`` prompt
+    tokens past the cached prefix, ``out`` tokens, ``start`` (``time.time()`` when the
+    proxy took the request), the record's ``queue`` / ``engine_queue`` / ``prefill`` /
+    ``decode`` / ``total`` seconds and the serving ``replica``."""
+    return [
+        dict(
+            new=max(len(r.prompt_ids) - int(r.prefix_len or 0), 0),
+            out=len(r.output_ids),
+            start=float(r.created),
+            queue=float(r.timings.get("queue", 0.0)),
+            engine_queue=float(r.timings.get("engine_queue", 0.0)),
+            prefill=float(r.timings.get("prefill", 0.0)),
+            decode=float(r.timings.get("decode", 0.0)),
+            total=float(r.timings.get("total", 0.0)),
+            replica=r.replica,
+        )
+        for r in sorted(records, key=lambda r: r.call_index)
+    ]

@@ -62,9 +62,9 @@ def two_ray_steps():
     """``run(pool, book, timeout_s)``: the elastic driver on a ``RayCells`` pool for two
     steps of a tool-loop workload; checks both steps ran, a cell switched to training and
     the core published version 2; returns the driver's result."""
-    from gyre_env.scheduler.elastic import ElasticConfig, ElasticDriver
+    from gyre_env.scheduler.chat_workload import ToolLoopConfig, ToolLoopWorkload
+    from gyre_env.scheduler.driver import ElasticConfig, ElasticDriver
     from gyre_env.scheduler.policy import Role, WaterlevelPolicy
-    from gyre_env.scheduler.workloads import ToolLoopConfig, ToolLoopWorkload
 
     def run(pool, book, timeout_s: float = 120.0):
         workload = ToolLoopWorkload(

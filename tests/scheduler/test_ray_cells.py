@@ -34,7 +34,7 @@ def local_ray():
 def _three_steps(tiny_path, config, batches) -> list[dict]:
     """Three steps on two rank actors, the satellite away (no share, no pull) for the
     last two; the heartbeat then syncs it. Every rank's weights."""
-    from gyre_env.scheduler.core import split_units
+    from gyre_env.scheduler.core_cell import split_units
     from gyre_env.scheduler.ray_cells import RayTrainingGroup
 
     group = RayTrainingGroup(str(tiny_path), config)
@@ -77,7 +77,7 @@ def test_ray_placed_megatron_core_and_satellite(tiny_path, make_units, local_ray
     from gyre_env.trainers.losses import LossConfig
     from gyre_env.trainers.protocol import TrainBatch
 
-    from gyre_env.scheduler.core import with_reference
+    from gyre_env.scheduler.core_cell import with_reference
     from gyre_env.scheduler.ray_cells import RayGroupConfig
 
     if not os.environ.get("CI"):
@@ -114,9 +114,9 @@ def test_elastic_driver_on_ray_cells(tiny_path, tokenizer, local_ray, two_ray_st
     from ray.util.placement_group import placement_group_table
 
     from gyre_env.engines.ray_engine import RayEngine
-    from gyre_env.scheduler.local import LocalCellsConfig
+    from gyre_env.scheduler.chat_workload import RecordBook
+    from gyre_env.scheduler.local_cells import LocalCellsConfig
     from gyre_env.scheduler.ray_cells import RayCells
-    from gyre_env.scheduler.workloads import RecordBook
 
     book = RecordBook()
     config = LocalCellsConfig(cells=2, max_batch_size=8, switch_prior_s=0.05)
@@ -138,8 +138,8 @@ def test_a_cluster_address_nothing_answers_at_is_named():
     GCS retries from ``ray.init``."""
     import socket
 
+    from gyre_env.config import ConfigError
     from gyre_env.scheduler.ray_cells import _check_reachable
-    from gyre_env.train.config import ConfigError
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -158,8 +158,8 @@ def test_an_address_where_something_else_answers_is_named(local_ray):
     import socket
     import threading
 
+    from gyre_env.config import ConfigError
     from gyre_env.scheduler import ray_cells
-    from gyre_env.train.config import ConfigError
 
     ray_cells._check_reachable(ray.get_runtime_context().gcs_address)
     with socket.socket() as server:
@@ -200,10 +200,10 @@ def test_cells_get_a_gpu_each_where_the_cluster_has_them(
     is NCCL where the actor sees CUDA, gloo here (the CUDA path: benchmarks/gpu). Fewer
     CPUs or GPUs than the cells need is refused at once, naming both counts (the placement
     group would otherwise wait for resources that never come)."""
-    from gyre_env.scheduler.local import LocalCellsConfig
+    from gyre_env.config import ConfigError
+    from gyre_env.scheduler.chat_workload import RecordBook
+    from gyre_env.scheduler.local_cells import LocalCellsConfig
     from gyre_env.scheduler.ray_cells import RayCells, RayGroupConfig, cell_devices
-    from gyre_env.scheduler.workloads import RecordBook
-    from gyre_env.train.config import ConfigError
 
     devices = cell_devices(2)
     assert devices == {"gpus_per_rank": 1.0, "backend": "auto"}

@@ -42,9 +42,9 @@ def two_nodes():
 def test_cells_spread_over_two_nodes(tiny_path, tokenizer, two_nodes, two_ray_steps):
     from ray.util.placement_group import placement_group_table
 
-    from gyre_env.scheduler.local import LocalCellsConfig
+    from gyre_env.scheduler.chat_workload import RecordBook
+    from gyre_env.scheduler.local_cells import LocalCellsConfig
     from gyre_env.scheduler.ray_cells import RayCells, RayGroupConfig
-    from gyre_env.scheduler.workloads import RecordBook
 
     nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert len(nodes) == 2

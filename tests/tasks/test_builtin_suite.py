@@ -17,8 +17,8 @@ import time
 
 import pytest
 
+from gyre_env.scoring.preflight import check_task, check_tasks
 from gyre_env.tasks import builtin_suite_dir, load_suite, load_task
-from gyre_env.tasks.check import check_task, check_tasks
 from gyre_env.tasks.task import tomllib
 
 SUITE = load_suite("builtin")

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
+from gyre_env.scoring.preflight import check_tasks, run_preflight
 from gyre_env.tasks import load_suite, load_task, nano_tasks
-from gyre_env.tasks.check import check_tasks, run_preflight
 from gyre_env.tasks.nano import (
     SPLITS,
     TEMPLATES,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gyre_env.scoring.preflight import run_preflight
 from gyre_env.tasks import TaskFormatError, load_suite
-from gyre_env.tasks.check import run_preflight
 from gyre_env.tasks.nl2repo import (
     NL2RepoSkipWarning,
     load_nl2repo,

@@ -197,7 +197,7 @@ def test_a_core_cell_and_a_satellite_step_as_one_train_step(megatron_world, mode
     KL term, every cell's trainer freezes its reference when built (``with_reference``)."""
     from gyre_env.trainers.megatron import MegatronTrainer, MegatronTrainerConfig
 
-    from gyre_env.scheduler.core import CoreStep, with_reference
+    from gyre_env.scheduler.core_cell import CoreStep, with_reference
 
     rng = np.random.default_rng(5)
     kind = "rl" if loss else "sft"

@@ -260,7 +260,7 @@ class MegatronTrainer:
             self.optimizer.step()
         return grad_norm, stepped
 
-    # ---- the elastic core cell (gyre_env.scheduler.core.CoreStep) ----------------------
+    # ---- the elastic core cell (gyre_env.scheduler.core_cell.CoreStep) ----------------------
     def zero_grads(self) -> None:
         """Zero the gradient buffers (megatron's DDP keeps them in ``main_grad``)."""
         self.ddp.zero_grad_buffer()

@@ -16,9 +16,9 @@ import io
 import json
 from pathlib import Path
 
-from gyre_env.scheduler.compare import Comparison
-from gyre_env.scheduler.config import SimConfig
-from gyre_env.scheduler.sim import SimResult
+from gyre_env.sim.compare import Comparison
+from gyre_env.sim.config import SimConfig
+from gyre_env.sim.simulator import SimResult
 
 STEP_MARKS = (1, 10, 100, 1000)
 _COLOURS = {

@@ -15,7 +15,7 @@ The model:
 - **A step** trains the groups the policy names on every settled TRAINING cell, then
   publishes the weights; rollout cells serve the new version from then on.
 
-Time advances in rounds (:mod:`gyre_env.scheduler.rounds`): the episodes' calls, tools and
+Time advances in rounds (:mod:`gyre_env.sim.rounds`): the episodes' calls, tools and
 endings are handled in numpy over rounds of at most ``resolution_s``, and the control
 events (policy ticks, a group finishing, switches and steps ending) on a heap at their
 exact times, each one followed by the policy's decision as before. Every second of every
@@ -32,9 +32,10 @@ from collections import deque
 
 import numpy as np
 
-from gyre_env.scheduler.config import SimConfig
 from gyre_env.scheduler.policy import Decision, Observation, Policy, Role, SwitchCosts
-from gyre_env.scheduler.rounds import (
+from gyre_env.sim.config import SimConfig
+from gyre_env.sim.result import STATES, SimResult
+from gyre_env.sim.rounds import (
     CALL,
     FREE,
     QUEUED,
@@ -45,7 +46,6 @@ from gyre_env.scheduler.rounds import (
     rolling_mean,
     serving_sweep,
 )
-from gyre_env.scheduler.simresult import STATES, SimResult
 
 (_GROUP_DONE, _STEP_COMPUTED, _STEP_DONE, _SWITCHED, _TICK) = range(5)
 """Control events: each ends a round and is handled at its exact time."""
@@ -181,7 +181,7 @@ class Simulation:
         self._decide()
         self._at(self.t + self.cfg.decision_interval_s, _TICK)
 
-    # ---- rounds of episode events (gyre_env.scheduler.rounds) ---------------------------
+    # ---- rounds of episode events (gyre_env.sim.rounds) ---------------------------
     def _round(self, t1: float) -> None:
         """Every episode event before ``t1``, then the time ``[t, t1)`` accounted."""
         t0, tab = self.t, self.tab
@@ -625,7 +625,7 @@ class Simulation:
 def simulate(cfg: SimConfig, policy: Policy, workload=None) -> SimResult:
     """Run ``policy`` on ``cfg`` (its workload unless one is given); cells start in the
     roles the policy asks for with ``initial_roles(n)`` if it has one, else all ROLLOUT."""
-    from gyre_env.scheduler.workload import make_workload
+    from gyre_env.sim.workload import make_workload
 
     workload = workload if workload is not None else make_workload(cfg.workload, cfg.seed)
     init = getattr(policy, "initial_roles", None)

@@ -2,9 +2,9 @@
 
 An episode is ``setup -> (model call -> tool) x turns -> scoring``. Both sources give the
 same :class:`Episode`: :class:`FittedWorkload` draws them from the distributions of a
-:class:`~gyre_env.scheduler.config.WorkloadConfig` (lognormal bodies, Pareto tails), and
+:class:`~gyre_env.sim.config.WorkloadConfig` (lognormal bodies, Pareto tails), and
 :class:`TraceWorkload` replays the episodes of a real run folder
-(:func:`gyre_env.scheduler.trace.load_run`). Both are deterministic: group ``g`` is the
+(:func:`gyre_env.sim.trace.load_run`). Both are deterministic: group ``g`` is the
 same for the same seed whenever it is asked for.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from gyre_env.scheduler.config import Dist, WorkloadConfig
+from gyre_env.sim.config import Dist, WorkloadConfig
 
 
 @dataclass(slots=True)
@@ -147,6 +147,6 @@ def make_workload(cfg: WorkloadConfig, seed: int = 0):
     """The workload a config names."""
     if cfg.source == "fitted":
         return FittedWorkload(cfg, seed)
-    from gyre_env.scheduler.trace import load_run
+    from gyre_env.sim.trace import load_run
 
     return TraceWorkload(load_run(cfg.trace).groups)

@@ -51,7 +51,7 @@ def test_unreadable_store_is_named(tmp_path, capsys):
 
 
 def test_a_synchronous_runs_store_is_not_an_elastic_run(tmp_path):
-    from gyre_env.scheduler.elastic_train import _check_out
+    from gyre_env.train.elastic import _check_out
 
     out = tmp_path / "run"
     _store_with(out, "rl.0000.r0")  # the synchronous loop's sessions do not collide

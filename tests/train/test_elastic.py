@@ -83,7 +83,7 @@ def test_gyre_train_elastic_switches_roles_and_trains(tmp_path, capsys):
     assert all(e["episodes"] == 2 for e in data["evals"])
     # The run as simulator input: every trained group's episodes with their calls, the
     # policy it ran, its steps; the validation simulates it against the measured wall time.
-    from gyre_env.scheduler.elastic_trace import load_elastic_trace, validate_elastic
+    from gyre_env.sim.trace import load_elastic_trace, validate_elastic
 
     trace = load_elastic_trace(out)
     trained = {i for s in data["steps"] for i in s["group_index"]}
@@ -101,7 +101,7 @@ def test_gyre_train_elastic_resumes_after_ctrl_c(tmp_path, capsys, monkeypatch):
     goes on from there to step 4 with new groups (no session stored twice) and ends with
     the held-out evaluations; a resume under another model shape is refused by name."""
     from gyre_env.cli import main
-    from gyre_env.scheduler import elastic_train
+    from gyre_env.train import elastic as elastic_train
 
     real = elastic_train._checkpointer
     interrupting = _ctrl_c_after_step(real, 2)
@@ -174,7 +174,7 @@ def test_gyre_train_elastic_on_ray_ranks_resumes(tmp_path, monkeypatch, capsys):
         pytest.importorskip("ray", reason="the ray extra (pip install gyre-env[ray])")
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     from gyre_env.cli import main
-    from gyre_env.scheduler import elastic_train
+    from gyre_env.train import elastic as elastic_train
 
     real = elastic_train._checkpointer
     interrupting = _ctrl_c_after_step(real, 2)

@@ -8,7 +8,7 @@ Its reward is the share of even token ids it sampled (a signal the policy can le
 advantages are not all zero). Records come from the proxy's sink (:class:`RecordBook`);
 a finished group is its token tree, trained on as packed units. Each finished group's
 calls and tool waits are kept as plain numbers (``trace``) for the simulator to replay
-(:func:`gyre_env.scheduler.trace.load_elastic_trace`).
+(:func:`gyre_env.sim.trace.load_elastic_trace`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from gyre_env.scheduler.elastic import CallClock
+from gyre_env.scheduler.driver import CallClock
 
 
 class RecordBook:
@@ -130,7 +130,7 @@ class ToolLoopWorkload:
         return Group(index, trees, rewards, tokens, time.monotonic() - t0)
 
     def _trace_episode(self, session: str, records: list) -> dict:
-        from gyre_env.scheduler.elastic_trace import trace_calls
+        from gyre_env.trajectory.records import trace_calls
 
         calls = trace_calls(records)
         tool = [self.tool_delay(session, turn) for turn in range(len(calls))]

@@ -43,7 +43,7 @@ class SimResult:
     gantt: list[tuple[int, float, float, str]] = field(default_factory=list)
     params: dict = field(default_factory=dict)
     rounds: int = 0
-    """Rounds the run took (see :mod:`gyre_env.scheduler.rounds`)."""
+    """Rounds the run took (see :mod:`gyre_env.sim.rounds`)."""
 
     @property
     def samples_per_hour(self) -> float:

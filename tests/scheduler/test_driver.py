@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from gyre_env.scheduler.elastic import ElasticConfig, ElasticDriver
-from gyre_env.scheduler.local import LocalCells, LocalCellsConfig
+from gyre_env.scheduler.chat_workload import RecordBook, ToolLoopConfig, ToolLoopWorkload
+from gyre_env.scheduler.driver import ElasticConfig, ElasticDriver
+from gyre_env.scheduler.local_cells import LocalCells, LocalCellsConfig
 from gyre_env.scheduler.peers import StaticSplitPolicy
 from gyre_env.scheduler.policy import Role, WaterlevelPolicy
-from gyre_env.scheduler.workloads import RecordBook, ToolLoopConfig, ToolLoopWorkload
 
 
 def _run(tiny_path, tokenizer, policy, steps=3, delay=0.3, metrics=None, profile_dir=None):
@@ -130,7 +130,7 @@ def test_overlapping_switches_share_one_profiler_session(tmp_path):
     import asyncio
 
     from gyre_env.scheduler.cell import SwitchRecord
-    from gyre_env.scheduler.elastic_profile import SwitchProfiler
+    from gyre_env.scheduler.profile import SwitchProfiler
 
     profiler = SwitchProfiler(tmp_path)
 
@@ -166,7 +166,7 @@ def test_a_run_continues_from_its_state_and_core_checkpoint(tiny_path, tokenizer
     ``on_step``), a new pool continues it: steps 3 and 4 on the restored weights and
     optimizer state, its finished-but-untrained groups trained, new groups numbered after
     the first run's."""
-    from gyre_env.scheduler.elastic import DriverState
+    from gyre_env.scheduler.driver import DriverState
 
     def run(steps, start=None, saved=None):
         book, kept = RecordBook(), {}

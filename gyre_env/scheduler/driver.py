@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gyre_env.scheduler.cell import Cell
-from gyre_env.scheduler.core import CoreStep
+from gyre_env.scheduler.core_cell import CoreStep
 from gyre_env.scheduler.policy import Decision, Observation, Policy, Role, SwitchCosts
 from gyre_env.scheduler.versions import Heartbeat, HeartbeatConfig
 
@@ -237,7 +237,7 @@ class ElasticDriver:
         self.metrics = metrics
         self.profiler = None
         if self.config.profile_dir is not None:
-            from gyre_env.scheduler.elastic_profile import SwitchProfiler
+            from gyre_env.scheduler.profile import SwitchProfiler
 
             self.profiler = SwitchProfiler(self.config.profile_dir)
         self._lock = threading.Lock()

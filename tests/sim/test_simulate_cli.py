@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gyre_env.cli import main
-from gyre_env.scheduler.config import load_sim_config
-from gyre_env.train.config import ConfigError
+from gyre_env.config import ConfigError
+from gyre_env.sim.config import load_sim_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -64,8 +64,8 @@ def test_simulate_nl2repo_example_runs_with_a_tiny_budget(tmp_path):
 
 def test_import_stays_light():
     code = (
-        "import sys, gyre_env, gyre_env.scheduler.sim, gyre_env.scheduler.compare, "
-        "gyre_env.scheduler.report, gyre_env.scheduler.cli\n"
+        "import sys, gyre_env, gyre_env.sim.simulator, gyre_env.sim.compare, "
+        "gyre_env.sim.report, gyre_env.sim.cli\n"
         "bad = [m for m in ('matplotlib', 'torch', 'transformers') if m in sys.modules]\n"
         "assert not bad, bad"
     )
@@ -76,7 +76,7 @@ def test_missing_plots_extra_names_the_install(monkeypatch, tmp_path):
     import builtins
 
     from gyre_env._optional import MissingExtraError
-    from gyre_env.scheduler import report
+    from gyre_env.sim import report
 
     real = builtins.__import__
 

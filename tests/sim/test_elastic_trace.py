@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gyre_env.scheduler.elastic_trace import (
+from gyre_env.sim.trace import (
+    _fit,
     _fit_steps,
     _mark_slot_waits,
     _waited,
@@ -23,8 +24,7 @@ from gyre_env.scheduler.elastic_trace import (
     make_policy,
     validate_elastic,
 )
-from gyre_env.scheduler.trace import _fit
-from gyre_env.scheduler.workload import draw
+from gyre_env.sim.workload import draw
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"colocated": "colocated", "static_split": "static1-1", "waterlevel": "waterlevel"}

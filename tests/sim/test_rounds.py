@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gyre_env.scheduler.config import Dist, SimConfig
 from gyre_env.scheduler.peers import AsyncStalenessPolicy, ColocatedSyncPolicy
 from gyre_env.scheduler.policy import WaterlevelPolicy
-from gyre_env.scheduler.rounds import free_slots, rolling_mean, serving_sweep
-from gyre_env.scheduler.sim import simulate
-from gyre_env.scheduler.workload import Episode, TraceWorkload
+from gyre_env.sim.config import Dist, SimConfig
+from gyre_env.sim.rounds import free_slots, rolling_mean, serving_sweep
+from gyre_env.sim.simulator import simulate
+from gyre_env.sim.workload import Episode, TraceWorkload
 
 
 def test_rolling_mean_is_the_sequential_one():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 from types import SimpleNamespace
 
-from gyre_env.scheduler.elastic import ElasticDriver
+from gyre_env.scheduler.driver import ElasticDriver
 from gyre_env.scheduler.policy import Role, SwitchCosts, staleness_admits
 
 
@@ -105,7 +105,7 @@ def test_groups_finishing_after_the_last_step_are_dropped():
 def test_tool_delays_are_jittered_the_same_way_in_every_run():
     """``tool_jitter``: each call waits ``tool_delay_s`` x U(1 +- j), fixed by session and
     turn (every policy's run of a group waits the same); stopped, a group ends at once."""
-    from gyre_env.scheduler.workloads import RecordBook, ToolLoopConfig, ToolLoopWorkload
+    from gyre_env.scheduler.chat_workload import RecordBook, ToolLoopConfig, ToolLoopWorkload
 
     def workload(jitter):
         cfg = ToolLoopConfig(tool_delay_s=1.0, tool_jitter=jitter)

@@ -10,7 +10,7 @@ own phases, in ``OUT/warm-start/``; skipped with ``sft.trajectories = 0``) and e
 the held-out evaluation of the trained weights (``OUT/eval-rl/``), which are written to
 ``OUT/model``. The elastic phase checkpoints every ``schedule.checkpoint_every`` steps
 (``OUT/checkpoints/elastic.pt``: the core trainer's model, optimizer and version, the
-driver's :class:`~gyre_env.scheduler.elastic.DriverState`, the task sampler's state);
+driver's :class:`~gyre_env.scheduler.driver.DriverState`, the task sampler's state);
 ``--resume`` continues from there (Ctrl-C, a crash): the weights and optimizer state of
 the last checkpoint, its finished groups not yet trained on, new groups numbered after
 every group the store holds. Without ``--resume`` an ``OUT`` that holds an elastic run's
@@ -24,7 +24,7 @@ staleness histogram, the held-out pass rates), ``metrics.jsonl`` (the driver's r
 steps, switches, cell states, per-cell busy/idle fractions; the evals) and
 ``report.html`` (the training report with the cell-role Gantt chart and the busy/idle
 table) and ``elastic-trace.json`` (the run as simulator input, see
-``gyre_env.scheduler.elastic_trace``; not for a resumed run).
+``gyre_env.sim.trace``; not for a resumed run).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class EpisodeWorkload:
         """The group's episodes as simulator input (``trace``). An episode starts with
         its group (the runner starts all of them at once) and ends ``times["wall"]``
         later; an ``infra_error`` episode is left out (it trains nothing)."""
-        from gyre_env.scheduler.elastic_trace import trace_calls
+        from gyre_env.trajectory.records import trace_calls
 
         end, episodes = time.time(), []
         for res in results:
@@ -164,9 +164,9 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
     from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
     from gyre_env.engines.tiny import load_tokenizer
     from gyre_env.proxy.serving import ModelService, ModelServiceConfig
-    from gyre_env.scheduler.core import with_reference
-    from gyre_env.scheduler.elastic import CallClock, DriverState, ElasticConfig, ElasticDriver
-    from gyre_env.scheduler.local import LocalCells, LocalCellsConfig
+    from gyre_env.scheduler.core_cell import with_reference
+    from gyre_env.scheduler.driver import CallClock, DriverState, ElasticConfig, ElasticDriver
+    from gyre_env.scheduler.local_cells import LocalCells, LocalCellsConfig
     from gyre_env.scheduler.policy import WaterlevelPolicy
     from gyre_env.train.loop import (
         _KeepOpen,
@@ -328,7 +328,7 @@ def _trace_run(cfg: TrainConfig, policy, cells_config, config, workload, result,
     """``OUT/elastic-trace.json``: the run as simulator input
     (``benchmarks/simulator_validation.py OUT``). Not for a resumed run: its wall time
     and groups would be those since the resume, its steps all of them."""
-    from gyre_env.scheduler.elastic_trace import TRACE_FILE, write_elastic_trace
+    from gyre_env.sim.trace import TRACE_FILE, write_elastic_trace
 
     if resumed:
         print(f"{TRACE_FILE}: not written for a resumed run", flush=True)
@@ -398,7 +398,7 @@ def _restore(pool, workload, saved: dict, db):
     """Load a checkpoint into the open pool: the core trainer's state, its weights on the
     board and in every engine; returns the driver's start, new groups numbered after the
     last one the store holds (those run after the checkpoint included)."""
-    from gyre_env.scheduler.elastic import DriverState
+    from gyre_env.scheduler.driver import DriverState
 
     pool.load_core(saved["trainer"], int(saved["version"]))
     workload.sampler_state = saved["tasks_rng"]
@@ -433,7 +433,7 @@ def _stored_groups(db) -> list[int]:
 def _check_unfinished(cfg: TrainConfig) -> None:
     """Refuse ``--resume`` of an elastic run that ended (``elastic.json`` written) with
     all the steps asked for: there is nothing to continue."""
-    from gyre_env.train.config import ConfigError
+    from gyre_env.config import ConfigError
 
     path = cfg.out_dir / "elastic.json"
     if not path.is_file():
@@ -457,7 +457,7 @@ def _check_out(out, resume: bool) -> None:
     episodes unless the run is resumed: its sessions would collide with this run's."""
     import sqlite3
 
-    from gyre_env.train.config import ConfigError
+    from gyre_env.config import ConfigError
 
     db = out / "store.db"
     started = False
@@ -527,7 +527,7 @@ def _export_newest(pool, tokenizer, folder) -> None:
 
 
 def _write(path, result) -> None:
-    from gyre_env.scheduler.elastic import switch_values
+    from gyre_env.scheduler.driver import switch_values
 
     data = {
         "steps": result.steps,

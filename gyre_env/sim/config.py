@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from gyre_env.train.config import ConfigError, from_dict
+from gyre_env.config import ConfigError, from_dict
 
 
 @dataclass(kw_only=True)
@@ -264,7 +264,7 @@ class SimConfig:
     decision_interval_s: float = 1.0
     """Policies decide after each phase event and at least this often."""
     resolution_s: float = 1.0
-    """Longest round of episode events (:mod:`gyre_env.scheduler.rounds`): smaller is closer
+    """Longest round of episode events (:mod:`gyre_env.sim.rounds`): smaller is closer
     to an event-by-event run and slower; control events are always exact."""
     gantt_max_segments: int = 20000
     """Role segments kept for the Gantt chart (0: none)."""

@@ -11,7 +11,6 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gyre_env.scheduler.config import SimConfig
 from gyre_env.scheduler.peers import (
     AsyncStalenessPolicy,
     ColocatedSyncPolicy,
@@ -19,8 +18,9 @@ from gyre_env.scheduler.peers import (
     StaticSplitPolicy,
 )
 from gyre_env.scheduler.policy import WaterlevelPolicy
-from gyre_env.scheduler.sim import SimResult, simulate
-from gyre_env.scheduler.workload import make_workload
+from gyre_env.sim.config import SimConfig
+from gyre_env.sim.simulator import SimResult, simulate
+from gyre_env.sim.workload import make_workload
 
 SPLIT_POLICIES = ("static_split", "async")
 

@@ -24,10 +24,10 @@ def add_commands(subparsers) -> None:
 
 
 def _simulate(args) -> int:
-    from gyre_env.scheduler.compare import compare
-    from gyre_env.scheduler.config import load_sim_config
-    from gyre_env.scheduler.report import headline, write_report
-    from gyre_env.train.config import ConfigError
+    from gyre_env.config import ConfigError
+    from gyre_env.sim.compare import compare
+    from gyre_env.sim.config import load_sim_config
+    from gyre_env.sim.report import headline, write_report
 
     try:
         cfg = load_sim_config(args.config)

@@ -1,4 +1,4 @@
-"""The preflight (``gyre_env.tasks.check``): from a fresh virtualenv, and when it cannot grade.
+"""The preflight (``gyre_env.scoring.preflight``): from a fresh virtualenv, and when it cannot grade.
 
 The preflight grades in sandboxes, so the Python that runs ``gyre`` does not matter. A
 plain virtualenv is the case that broke when the preflight ran the task's commands on
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from gyre_env.scoring.preflight import check_task
 from gyre_env.tasks import builtin_suite_dir, load_task
-from gyre_env.tasks.check import check_task
 
 ROOT = Path(__file__).resolve().parents[2]
 

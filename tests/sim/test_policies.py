@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from gyre_env.scheduler.compare import k_grid, policy_factories, sweep_best
-from gyre_env.scheduler.config import Dist, SimConfig
 from gyre_env.scheduler.peers import AsyncStalenessPolicy, ColocatedSyncPolicy
 from gyre_env.scheduler.policy import Observation, Role, SwitchCosts, WaterlevelPolicy
-from gyre_env.scheduler.rounds import CALL, QUEUED
-from gyre_env.scheduler.sim import STATES, Simulation, simulate
-from gyre_env.scheduler.workload import make_workload
+from gyre_env.sim.compare import k_grid, policy_factories, sweep_best
+from gyre_env.sim.config import Dist, SimConfig
+from gyre_env.sim.rounds import CALL, QUEUED
+from gyre_env.sim.simulator import STATES, Simulation, simulate
+from gyre_env.sim.workload import make_workload
 
 
 def small(**over) -> SimConfig:
@@ -267,7 +267,7 @@ def test_waterlevel_moves_cells_both_ways_in_a_bursty_run():
 
 
 def test_sweeps_run_as_long_as_the_main_run_unless_told():
-    from gyre_env.scheduler.compare import _variant
+    from gyre_env.sim.compare import _variant
 
     cfg = small(duration_s=5400.0)
     assert _variant(cfg, "cells", 2).duration_s == 5400.0
@@ -337,8 +337,8 @@ def test_waterlevel_grows_a_step_at_low_load_without_shrinking_the_work_in_fligh
 
 
 def test_workload_phases_scale_their_groups_in_order_and_repeat():
-    from gyre_env.scheduler.config import WorkloadConfig, WorkloadPhase
-    from gyre_env.train.config import ConfigError, from_dict
+    from gyre_env.config import ConfigError, from_dict
+    from gyre_env.sim.config import WorkloadConfig, WorkloadPhase
 
     base = dict(
         group_size=2,

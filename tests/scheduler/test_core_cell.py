@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from gyre_env.scheduler.core import CoreStep, split_units, with_reference
+from gyre_env.scheduler.core_cell import CoreStep, split_units, with_reference
 from gyre_env.scheduler.versions import STALE_WEIGHTS_DETECTED, Heartbeat, HeartbeatConfig
 
 
@@ -82,7 +82,7 @@ WORKER = textwrap.dedent(
     """
     import logging, pickle, sys
     import torch
-    from gyre_env.scheduler.core import GroupConfig, TrainingGroup, split_units
+    from gyre_env.scheduler.core_cell import GroupConfig, TrainingGroup, split_units
     from gyre_env.scheduler.versions import HeartbeatConfig
     from gyre_env.trainers.torch_backend import TorchTrainer
 
@@ -167,7 +167,7 @@ def test_a_core_step_with_nan_gradients_leaves_the_weights(tiny_path, make_units
     from gyre_env.trainers.steps import NonFiniteStepError
     from gyre_env.trainers.torch_backend import TorchTrainer, TorchTrainerConfig
 
-    from gyre_env.scheduler.core import apply_step
+    from gyre_env.scheduler.core_cell import apply_step
 
     core = TorchTrainer(tiny_path, TorchTrainerConfig(max_nonfinite_steps=2))
     before = {n: p.detach().clone() for n, p in core.named_parameters()}

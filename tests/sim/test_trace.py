@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from gyre_env.scheduler.peers import ColocatedSyncPolicy
-from gyre_env.scheduler.sim import simulate
-from gyre_env.scheduler.trace import fit_cells, load_run, trace_config, validate_run
-from gyre_env.scheduler.workload import TraceWorkload
+from gyre_env.sim.simulator import simulate
+from gyre_env.sim.trace import fit_cells, load_run, trace_config, validate_run
+from gyre_env.sim.workload import TraceWorkload
 
 GROUPS, SIZE, ITERS, PARALLEL = 2, 2, 3, 2
 
