@@ -94,7 +94,7 @@ def run_seed(seed: int, args) -> dict:
     last["control"] = _rows(control, "eval")[-1]["pass_rate"]
     measured = {}
     if args.eval_attempts:
-        from gyre_env.train.loop import prepare_model
+        from gyre_env.train.setup import prepare_model
 
         models = {
             "random": prepare_model(load_config(preset=args.preset, overrides=base)),

@@ -2,7 +2,7 @@
 
 The same pieces as the synchronous loop (``gyre_env.train.loop``): the model folder, the
 task pool, the store, ``run_episodes`` for a GRPO group's episodes (the LangGraph agent,
-sandboxes, the proxy), ``units_of`` for packed units, and the torch trainer's loss; but
+sandboxes, the proxy), ``packed_units`` for packed units, and the torch trainer's loss; but
 N cells change roles at runtime under Gyre's waterlevel policy, and one optimizer step
 runs whenever the policy asks for one. Like the synchronous loop, a run starts with the
 held-out evaluation of the initial model and the SFT warm start (the synchronous loop's
@@ -36,12 +36,25 @@ import threading
 import time
 from dataclasses import dataclass
 
+from gyre_env.config import ConfigError
+from gyre_env.train.checkpoint import ELASTIC_CHECKPOINT, load_elastic, save_elastic
 from gyre_env.train.config import TrainConfig
+from gyre_env.train.loop import evaluate_heldout, train
+from gyre_env.train.rollout import rollout
+from gyre_env.train.setup import (
+    make_agent,
+    make_trainer,
+    metrics_logger,
+    model_service,
+    open_store,
+    prepare_model,
+    task_pool,
+    write_config,
+)
+from gyre_env.trajectory.sampling import packed_units
 
 RUN_PREFIX = "elastic."
 """The store's run of the elastic phase's group N is ``elastic.NNNNN``."""
-CHECKPOINT = "elastic.pt"
-"""The elastic phase's checkpoint, in ``OUT/checkpoints``."""
 
 
 @dataclass
@@ -68,25 +81,21 @@ class EpisodeWorkload:
         self._rng = np.random.default_rng([cfg.seed, 11])
         self._lock = threading.Lock()
         self.trace: list[dict] = []
-        """Per finished group, as the simulator reads it (``elastic_trace``): ``index``,
+        """Per finished group, as the simulator reads it (``gyre_env.sim.trace``): ``index``,
         ``start``, ``end`` (``time.time()``) and per scored episode its ``session``, its
         ``calls`` from the store and ``tool_s``, the seconds after each call before the
         next one or the episode's end (its tools, the agent's own time, the scoring)."""
 
     def run_group(self, index: int) -> EpisodeGroup:
-        from gyre_env.train.rollout import run_episodes
-
         cfg = self.cfg
         with self._lock:
             task = self.tasks[int(self._rng.integers(len(self.tasks)))]
         tag = f"{RUN_PREFIX}{index:05d}"
         started = time.time()
-        stats = run_episodes(
-            service=self.service, agent=self.agent, tasks=[task], env_id=cfg.tasks.env_id,
-            group_size=cfg.rollout.group_size, run=tag, store=self.store,
-            parallel=cfg.rollout.group_size, time_limit_s=cfg.rollout.time_limit_s,
-            seed=cfg.seed + index, results_path=cfg.out_dir / "episodes.jsonl", progress=False,
-            desc=tag, env_kwargs=cfg.tasks.env_kwargs,
+        stats = rollout(
+            cfg, service=self.service, store=self.store, agent=self.agent, tasks=[task],
+            group_size=cfg.rollout.group_size, run=tag, desc=tag,
+            parallel=cfg.rollout.group_size, seed=cfg.seed + index, progress=False,
         )  # fmt: skip
         self._trace_group(index, started, stats.results)
         return EpisodeGroup(index, tag, [float(s) for s in stats.scores], stats.sampled_tokens)
@@ -111,10 +120,8 @@ class EpisodeWorkload:
             self.trace.append(dict(index=index, start=started, end=end, episodes=episodes))
 
     def units(self, groups: list[EpisodeGroup]) -> list:
-        from gyre_env.train.loop import units_of
-
         trees = [t for g in groups for t in self.store.trees(run=g.run)]
-        return units_of(trees, self.cfg)
+        return packed_units(trees, self.cfg.sample_config())
 
     def tokens(self, group: EpisodeGroup) -> int:
         return group.tokens
@@ -133,10 +140,6 @@ def warm_start(cfg: TrainConfig) -> tuple[TrainConfig, list[dict]]:
     """The synchronous loop's first phases (held-out eval of the initial model, gold SFT,
     held-out eval of the SFT model) in ``OUT/warm-start``; returns ``cfg`` pointed at the
     SFT model (unchanged when SFT is off) and the eval rows."""
-    import dataclasses
-
-    from gyre_env.train.loop import train
-
     if not (cfg.sft.trajectories and cfg.sft.steps):
         return cfg, []
     pre = dataclasses.replace(
@@ -161,148 +164,45 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
     the cells' trainers are Ray actors in one placement group (``ray_cells.RayCells``;
     ``auto``, ``local`` or a cluster address, see ``ray_cells.connect``); None: all in
     this process."""
-    from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
-    from gyre_env.engines.tiny import load_tokenizer
-    from gyre_env.proxy.serving import ModelService, ModelServiceConfig
-    from gyre_env.scheduler.core_cell import with_reference
-    from gyre_env.scheduler.driver import CallClock, DriverState, ElasticConfig, ElasticDriver
-    from gyre_env.scheduler.local_cells import LocalCells, LocalCellsConfig
-    from gyre_env.scheduler.policy import WaterlevelPolicy
-    from gyre_env.train.loop import (
-        _KeepOpen,
-        check_store_tokenizer,
-        evaluate_heldout,
-        load_tasks,
-        prepare_model,
-        split_pool,
-    )
-    from gyre_env.trainers.torch_backend import TorchTrainer
-    from gyre_env.trajectory.store import TrajectoryStore
+    from gyre_env.scheduler.driver import CallClock
 
+    cfg = _without_gold_steps(cfg)
     cfg.validate()
-    if cfg.gold_steps_per_iteration():  # said, not silently left out
-        print(
-            f"note: sft.steps_per_iteration={cfg.sft.steps_per_iteration} (gold SFT steps "
-            "between RL iterations) is the synchronous loop's; the elastic phase trains on "
-            "its rollouts only",
-            file=sys.stderr,
-        )
-        cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps_per_iteration=0))
     _check_out(cfg.out_dir, resume)
     if resume:
         _check_unfinished(cfg)
-    if ray is not None:  # before any work: a missing extra, cluster or GPU fails here
-        from gyre_env.scheduler.ray_cells import cell_devices, connect
-
-        connect(ray)
-        devices = cell_devices(cells)
+    devices = _connect_ray(ray, cells) if ray is not None else None
     out = cfg.out_dir
     out.mkdir(parents=True, exist_ok=True)
     cfg, evals = warm_start(cfg)
-    ckpt_dir = out / "checkpoints"
-    saved = _load_checkpoint(cfg, ckpt_dir) if resume else None
-    _write_config(cfg)
+    saved = load_elastic(cfg, out / "checkpoints") if resume else None
+    write_config(cfg)
     model_dir = prepare_model(cfg)
-    train_pool, _ = load_tasks(cfg)
-    _, rl_tasks = split_pool(cfg, train_pool)
-    tokenizer = load_tokenizer(model_dir)
-    store = TrajectoryStore(out / "store.db")
-    check_store_tokenizer(store, tokenizer, model_dir)
+    rl_tasks = task_pool(cfg).rl  # bad tasks fail before any cell is built
+    tokenizer, store = open_store(cfg, model_dir)
     clock = CallClock()
-    r = cfg.rollout
-
-    def service(engines):
-        sinks = (_KeepOpen(store), clock)
-        return ModelService(
-            ModelServiceConfig(context_length=cfg.model.context_length),
-            engines=engines, tokenizer=tokenizer, sinks=sinks,
-        ).start()  # fmt: skip
-
-    agent = LangGraphAgent(LangGraphAgentConfig(
-        max_steps=r.max_steps, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-        subagent=False, nudges=0, seed=cfg.seed,
-    ))  # fmt: skip
-    logger = _metrics_logger(cfg)
-    cells_config = LocalCellsConfig(
-        cells=cells, max_batch_size=max(r.parallel, 1), context_length=cfg.model.context_length
-    )
-    if ray is None:
-        trainer_class = TorchTrainer
-        if cfg.backend == "megatron":
-            from gyre_env.trainers.megatron import MegatronTrainer as trainer_class
-        pool = LocalCells(
-            model_dir, tokenizer, cells_config, service_factory=service,
-            trainer_factory=lambda d: with_reference(
-                trainer_class(d, cfg.optim_config(), cfg.loss_config())
-            ),
-        )  # fmt: skip
-    else:
-        import ray as ray_module
-
-        from gyre_env.scheduler.ray_cells import RayCells, RayGroupConfig
-
-        nodes = sum(1 for n in ray_module.nodes() if n.get("Alive"))
-        group = RayGroupConfig(
-            trainer=cfg.backend,
-            trainer_configs=(cfg.optim_config(), cfg.loss_config()),
-            strategy="SPREAD" if nodes > 1 else "PACK",  # a cluster: cells over its nodes
-            **devices,
-        )
-        device = "1 GPU" if group.gpus_per_rank else f"{group.cpus_per_rank:g} CPU"
-        print(f"ray: {cells} cells on {nodes} node(s), {device} each, "
-              f"{group.strategy}", flush=True)  # fmt: skip
-        pool = RayCells(model_dir, tokenizer, cells_config, service_factory=service, ray=group)
-    t0 = time.monotonic()
-    interrupted = False
+    agent = make_agent(cfg, cfg.rollout.temperature)
+    logger = metrics_logger(cfg)
     try:
-        pool.open()
-        workload = EpisodeWorkload(cfg, pool.service, store, rl_tasks, agent)
-        start = _restore(pool, workload, saved, out / "store.db") if saved is not None else None
-        if start is None and resume:  # stopped before its first checkpoint: start over,
-            stored = _stored_groups(out / "store.db")  # numbering after what is stored
-            start = DriverState(next_index=max(stored) + 1) if stored else None
-        sched = cfg.schedule
-        config = ElasticConfig(
-            steps=sched.iterations * sched.optimizer_steps,
-            groups_per_step=max(1, r.tasks_per_iteration // sched.optimizer_steps),
-            agent_slots=max(1, r.parallel // r.group_size), timeout_s=24 * 3600.0,
-            profile_dir=str(out / "profiles") if cfg.logging.profile_switches else None,
-        )  # fmt: skip
-        policy = WaterlevelPolicy()
-        driver = ElasticDriver(
-            pool.cells, policy, workload, call=pool.proxy.call,
-            router=pool.proxy.core.router, config=config, clock=clock, costs=pool.costs,
-            metrics=logger, core=getattr(pool, "core", None), start=start,
-            on_step=_checkpointer(cfg, ckpt_dir, pool, workload, config.steps),
-        )  # fmt: skip
-        try:
-            result = driver.run()
-        except KeyboardInterrupt:
-            interrupted = True
-        else:
-            _export_newest(pool, tokenizer, out / "model")
-            _trace_run(cfg, policy, cells_config, config, workload, result, start is not None)
+        pool = _cells(cfg, cells, devices, model_dir, tokenizer, store, clock)
+    except BaseException:
+        logger.close()
+        store.close()
+        raise
+    t0 = time.monotonic()
+    try:
+        result = _run_phase(cfg, pool, store, rl_tasks, clock, agent, logger, saved, resume)
     except BaseException:
         logger.close()
         raise
     finally:
         pool.close()
         store.close()
-    if interrupted:
+    if result is None:
         logger.close()
-        done = len(driver.state().steps)
-        where = ckpt_dir / CHECKPOINT
-        kept = f"the last checkpoint ({where})" if where.is_file() else "no checkpoint yet"
-        print(f"interrupted after {done} steps; {kept}; continue with --resume", flush=True)
         return None
     try:
-        if cfg.tasks.heldout_count:
-            where = out / "eval-rl"
-            if where.exists():  # a resumed run that trained further: keep the earlier one
-                where = out / f"eval-rl-step{len(result.steps)}"
-            warm = max((e["step"] for e in evals), default=0)  # the warm start's steps
-            step = warm + len(result.steps)  # labelled as the sync loop labels its evals
-            evals.append(evaluate_heldout(cfg, out / "model", where, "rl", step))
+        evals = _evaluate(cfg, result, evals)
         for row in evals:
             logger.log("eval", row)
     finally:
@@ -310,6 +210,122 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
     result.evals = evals
     _write(out / "elastic.json", result)
     _report(cfg)
+    _print_result(result, evals, time.monotonic() - t0, out)
+    return result
+
+
+def _without_gold_steps(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with no gold steps between iterations (the synchronous loop's), said, not
+    silently left out."""
+    if not cfg.gold_steps_per_iteration():
+        return cfg
+    print(
+        f"note: sft.steps_per_iteration={cfg.sft.steps_per_iteration} (gold SFT steps "
+        "between RL iterations) is the synchronous loop's; the elastic phase trains on "
+        "its rollouts only",
+        file=sys.stderr,
+    )
+    return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps_per_iteration=0))
+
+
+def _connect_ray(ray: str, cells: int) -> dict:
+    """Before any work: a missing extra, cluster or GPU fails here. Returns the cells'
+    devices (``ray_cells.cell_devices``)."""
+    from gyre_env.scheduler.ray_cells import cell_devices, connect
+
+    connect(ray)
+    return cell_devices(cells)
+
+
+def _cells(cfg: TrainConfig, cells: int, devices, model_dir, tokenizer, store, clock):
+    """The cells' pool: all in this process (``devices`` None) or Ray actors."""
+    from gyre_env.scheduler.core_cell import with_reference
+    from gyre_env.scheduler.local_cells import LocalCells, LocalCellsConfig
+
+    r = cfg.rollout
+    config = LocalCellsConfig(
+        cells=cells, max_batch_size=max(r.parallel, 1), context_length=cfg.model.context_length
+    )
+
+    def service(engines):
+        return model_service(cfg, tokenizer, store, engines, extra_sinks=(clock,))
+
+    if devices is None:
+        return LocalCells(
+            model_dir, tokenizer, config, service_factory=service,
+            trainer_factory=lambda d: with_reference(make_trainer(cfg, d)),
+        )  # fmt: skip
+    import ray as ray_module
+
+    from gyre_env.scheduler.ray_cells import RayCells, RayGroupConfig
+
+    nodes = sum(1 for n in ray_module.nodes() if n.get("Alive"))
+    group = RayGroupConfig(
+        trainer=cfg.backend,
+        trainer_configs=(cfg.optim_config(), cfg.loss_config()),
+        strategy="SPREAD" if nodes > 1 else "PACK",  # a cluster: cells over its nodes
+        **devices,
+    )
+    device = "1 GPU" if group.gpus_per_rank else f"{group.cpus_per_rank:g} CPU"
+    print(f"ray: {cells} cells on {nodes} node(s), {device} each, "
+          f"{group.strategy}", flush=True)  # fmt: skip
+    return RayCells(model_dir, tokenizer, config, service_factory=service, ray=group)
+
+
+def _run_phase(cfg, pool, store, rl_tasks, clock, agent, logger, saved, resume: bool):
+    """The elastic phase: the driver runs the waterlevel policy over the open pool until
+    it took every step; returns its ``ElasticResult`` (None when interrupted) and writes
+    ``OUT/model`` and the trace."""
+    from gyre_env.scheduler.driver import DriverState, ElasticConfig, ElasticDriver
+    from gyre_env.scheduler.policy import WaterlevelPolicy
+
+    out, r, sched = cfg.out_dir, cfg.rollout, cfg.schedule
+    pool.open()
+    workload = EpisodeWorkload(cfg, pool.service, store, rl_tasks, agent)
+    start = _restore(pool, workload, saved, out / "store.db") if saved is not None else None
+    if start is None and resume:  # stopped before its first checkpoint: start over,
+        stored = _stored_groups(out / "store.db")  # numbering after what is stored
+        start = DriverState(next_index=max(stored) + 1) if stored else None
+    config = ElasticConfig(
+        steps=sched.iterations * sched.optimizer_steps,
+        groups_per_step=max(1, r.tasks_per_iteration // sched.optimizer_steps),
+        agent_slots=max(1, r.parallel // r.group_size), timeout_s=24 * 3600.0,
+        profile_dir=str(out / "profiles") if cfg.logging.profile_switches else None,
+    )  # fmt: skip
+    policy = WaterlevelPolicy()
+    driver = ElasticDriver(
+        pool.cells, policy, workload, call=pool.proxy.call,
+        router=pool.proxy.core.router, config=config, clock=clock, costs=pool.costs,
+        metrics=logger, core=getattr(pool, "core", None), start=start,
+        on_step=_checkpointer(cfg, out / "checkpoints", pool, workload, config.steps),
+    )  # fmt: skip
+    try:
+        result = driver.run()
+    except KeyboardInterrupt:
+        done = len(driver.state().steps)
+        where = out / "checkpoints" / ELASTIC_CHECKPOINT
+        kept = f"the last checkpoint ({where})" if where.is_file() else "no checkpoint yet"
+        print(f"interrupted after {done} steps; {kept}; continue with --resume", flush=True)
+        return None
+    _export_newest(pool, pool.tokenizer, out / "model")
+    _trace_run(cfg, policy, pool.config, config, workload, result, start is not None)
+    return result
+
+
+def _evaluate(cfg: TrainConfig, result, evals: list[dict]) -> list[dict]:
+    """The warm start's evals plus the held-out evaluation of ``OUT/model``."""
+    if not cfg.tasks.heldout_count:
+        return evals
+    out = cfg.out_dir
+    where = out / "eval-rl"
+    if where.exists():  # a resumed run that trained further: keep the earlier one
+        where = out / f"eval-rl-step{len(result.steps)}"
+    warm = max((e["step"] for e in evals), default=0)  # the warm start's steps
+    step = warm + len(result.steps)  # labelled as the sync loop labels its evals
+    return [*evals, evaluate_heldout(cfg, out / "model", where, "rl", step)]
+
+
+def _print_result(result, evals: list[dict], wall_s: float, out) -> None:
     for rec in result.switches:
         print(rec.summary(), flush=True)
     for s in result.steps:
@@ -317,11 +333,10 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
         shown = f"reward {reward:.3f}" if reward is not None else "no scored episodes"
         print(f"step {s['step']} on cells {s['cells']}: {shown}, loss {s['loss']:.4f}", flush=True)
     print(f"elastic: {len(result.steps)} steps, {len(result.switches)} switches, "
-          f"{time.monotonic() - t0:.0f}s; {out / 'elastic.json'}", flush=True)  # fmt: skip
+          f"{wall_s:.0f}s; {out / 'elastic.json'}", flush=True)  # fmt: skip
     if evals:
         rates = ", ".join(f"{e['phase']} {e['pass_rate']:.3f}" for e in evals)
         print(f"held-out pass rate: {rates}", flush=True)
-    return result
 
 
 def _trace_run(cfg: TrainConfig, policy, cells_config, config, workload, result, resumed: bool):
@@ -349,49 +364,11 @@ def _checkpointer(cfg: TrainConfig, folder, pool, workload, steps: int):
         state = driver.state()
         if len(state.steps) % every and len(state.steps) < steps:
             return
-        _save_checkpoint(folder, pool.cells[0].trainer, driver.core.version, state, workload)
+        save_elastic(
+            folder, pool.cells[0].trainer, driver.core.version, state, workload.sampler_state
+        )
 
     return on_step
-
-
-def _save_checkpoint(folder, trainer, version: int, state, workload) -> None:
-    import dataclasses
-
-    import torch
-
-    from gyre_env.train.checkpoint import _atomic_write
-
-    folder.mkdir(parents=True, exist_ok=True)
-    data = {
-        "trainer": trainer.state_dict(),
-        "version": version,
-        "driver": dataclasses.asdict(state),
-        "tasks_rng": workload.sampler_state,
-    }
-    _atomic_write(folder / CHECKPOINT, lambda p: torch.save(data, p))
-
-
-def _load_checkpoint(cfg: TrainConfig, folder) -> dict | None:
-    """The elastic checkpoint (None: the phase had not checkpointed); a checkpoint written
-    under another backend or model shape is refused naming the difference."""
-    import torch
-
-    from gyre_env.train.loop import _check_resumable
-
-    path = folder / CHECKPOINT
-    if not path.is_file():
-        return None
-    _check_resumable(cfg, cfg.out_dir / "config.json")
-    return torch.load(path, weights_only=False)
-
-
-def _write_config(cfg: TrainConfig) -> None:
-    """The elastic phase's effective settings (after the warm start) as ``OUT/config.json``
-    (what a resume is checked against)."""
-    import dataclasses
-
-    path = cfg.out_dir / "config.json"
-    path.write_text(json.dumps(dataclasses.asdict(cfg), indent=1, default=str), encoding="utf-8")
 
 
 def _restore(pool, workload, saved: dict, db):
@@ -433,8 +410,6 @@ def _stored_groups(db) -> list[int]:
 def _check_unfinished(cfg: TrainConfig) -> None:
     """Refuse ``--resume`` of an elastic run that ended (``elastic.json`` written) with
     all the steps asked for: there is nothing to continue."""
-    from gyre_env.config import ConfigError
-
     path = cfg.out_dir / "elastic.json"
     if not path.is_file():
         return
@@ -456,8 +431,6 @@ def _check_out(out, resume: bool) -> None:
     """Refuse, before any work, an ``out`` whose store already holds an elastic phase's
     episodes unless the run is resumed: its sessions would collide with this run's."""
     import sqlite3
-
-    from gyre_env.config import ConfigError
 
     db = out / "store.db"
     started = False
@@ -481,21 +454,9 @@ def _check_out(out, resume: bool) -> None:
     if resume and not (
         started
         or (out / "warm-start" / "checkpoints" / "ckpt.pt").is_file()
-        or (out / "checkpoints" / CHECKPOINT).is_file()
+        or (out / "checkpoints" / ELASTIC_CHECKPOINT).is_file()
     ):
         raise ConfigError(f"--resume: no elastic run to continue in {out}")
-
-
-def _metrics_logger(cfg: TrainConfig):
-    import dataclasses
-
-    from gyre_env.train.metrics import MetricsLogger
-
-    lg = cfg.logging
-    return MetricsLogger(
-        cfg.out_dir, tensorboard=lg.tensorboard, wandb=lg.wandb, wandb_project=lg.wandb_project,
-        run_name=cfg.name, config=dataclasses.asdict(cfg),
-    )  # fmt: skip
 
 
 def _report(cfg: TrainConfig) -> None:

@@ -62,3 +62,34 @@ class GoldReplay:
                     self._cache[key] = self.tokenizer.encode(reply, add_special_tokens=False)
                 return list(self._cache[key])
         raise ValueError("gold replay: the prompt contains none of the tasks' specs")
+
+
+class GoldSet:
+    """The gold episodes of a run's store (run ``sft``) and their records, read once: the
+    data of SFT and of the gold steps between RL iterations."""
+
+    def __init__(self, store):
+        self.store = store
+        self._data: tuple[list, dict] | None = None
+
+    def episodes(self) -> tuple[list, dict]:
+        """(gold episodes, their records by session); no gold is a RuntimeError."""
+        if self._data is None:
+            episodes = [e for e in self.store.episodes(run="sft") if e.outcome != "infra_error"]
+            if not episodes:
+                raise RuntimeError("no gold trajectories in the store (run 'sft')")
+            records = {e.session: list(self.store.records([e.session])) for e in episodes}
+            self._data = episodes, records
+        return self._data
+
+    def batch(self, rng, batch_size: int, sample_cfg):
+        """An SFT ``TrainBatch``: ``batch_size`` gold episodes drawn with ``rng``."""
+        from gyre_env.trainers.protocol import TrainBatch
+        from gyre_env.trajectory.sampling import packed_units
+        from gyre_env.trajectory.tree import build_trees
+
+        episodes, records = self.episodes()
+        n = min(batch_size, len(episodes))
+        pick = [episodes[i] for i in rng.choice(len(episodes), n, False)]
+        trees = build_trees([r for e in pick for r in records[e.session]], pick)
+        return TrainBatch(units=packed_units(trees, sample_cfg), kind="sft")

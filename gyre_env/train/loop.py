@@ -9,13 +9,15 @@
 
 Everything a run writes goes under ``cfg.out_dir``: ``store.db`` (every call and outcome:
 training reads what the store holds), ``metrics.jsonl``, ``tensorboard/``,
-``checkpoints/``, ``episodes.jsonl``, ``report.html``. The elastic scheduler will drive
-the same pieces (``run_episodes``, ``rl_minibatches``, ``Trainer.train_step``, weight push)
-without this driver.
+``checkpoints/``, ``episodes.jsonl``, ``report.html``. The building blocks (model, task
+pool, store, service, agent: ``train.setup``; episodes: ``train.rollout``; minibatches:
+``trajectory.sampling``; checkpoints: ``train.checkpoint``) are the elastic driver's
+(``train.elastic``) too.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -31,10 +33,29 @@ from pathlib import Path
 
 import numpy as np
 
-from gyre_env.train.checkpoint import Cursor, load_checkpoint, save_checkpoint, save_cursor
-from gyre_env.train.config import ConfigError, TrainConfig
-from gyre_env.train.rollout import RolloutStats, run_episodes
-from gyre_env.trajectory.sampling import episode_reward
+from gyre_env.config import ConfigError
+from gyre_env.train.checkpoint import (
+    Cursor,
+    check_resumable,
+    load_checkpoint,
+    save_checkpoint,
+    save_cursor,
+)
+from gyre_env.train.config import TrainConfig
+from gyre_env.train.rollout import RolloutStats, rollout
+from gyre_env.train.setup import (
+    eval_label,
+    make_agent,
+    make_trainer,
+    metrics_logger,
+    model_service,
+    open_store,
+    prepare_model,
+    say,
+    task_pool,
+    write_config,
+)
+from gyre_env.trajectory.sampling import episode_reward, rl_minibatches
 
 log = logging.getLogger(__name__)
 
@@ -112,28 +133,25 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> TrainSummary:
 
 
 class _Run:
-    """The state of one run; methods are the loop's phases."""
+    """The state of one run; its methods are the loop's phases."""
 
     def __init__(self, cfg: TrainConfig, *, resume: bool):
         cfg.validate()
-        self.cfg, self.resume = cfg, resume
-        self.out = cfg.out_dir
+        self.cfg, self.resume, self.out = cfg, resume, cfg.out_dir
         ckpt = self.out / "checkpoints" / "ckpt.pt"
         if resume:
             if not ckpt.is_file():
                 raise ConfigError(f"--resume: no checkpoint at {ckpt}")
-            _check_resumable(cfg, self.out / "config.json")
+            check_resumable(cfg, self.out / "config.json")
         elif ckpt.is_file():
             raise ConfigError(
                 f"{self.out} already holds a run; pass --resume to continue it or choose "
                 "another --out"
             )
         self.model_dir = prepare_model(cfg)
-        self.train_tasks, self.heldout = load_tasks(cfg)
+        self.tasks = task_pool(cfg)
         self.rng = np.random.default_rng(cfg.seed)
-        self.gold_tasks, self.rl_tasks = split_pool(cfg, self.train_tasks)
         self.cursor = Cursor()
-        self._gold_data: tuple[list, dict] | None = None
         self.evals: list[dict] = []
         self.trainer = self.service = self.engine = self.store = self.logger = None
 
@@ -145,26 +163,16 @@ class _Run:
         import torch
 
         from gyre_env.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
-        from gyre_env.engines.tiny import load_tokenizer
-        from gyre_env.train.metrics import MetricsLogger
-        from gyre_env.trainers.torch_backend import TorchTrainer
-        from gyre_env.trajectory.store import TrajectoryStore
+        from gyre_env.train.gold import GoldSet
 
-        cfg = self.cfg
-        t0 = time.monotonic()
+        cfg, t0 = self.cfg, time.monotonic()
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(
-            json.dumps(dataclasses.asdict(cfg), indent=1), encoding="utf-8"
-        )
+        write_config(cfg)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.tokenizer = load_tokenizer(self.model_dir)
-        self.store = TrajectoryStore(self.out / "store.db")
-        check_store_tokenizer(self.store, self.tokenizer, self.model_dir)
-        trainer_class = TorchTrainer
-        if cfg.backend == "megatron":
-            from gyre_env.trainers.megatron import MegatronTrainer as trainer_class
-        self.trainer = trainer_class(self.model_dir, cfg.optim_config(), cfg.loss_config())
+        self.tokenizer, self.store = open_store(cfg, self.model_dir)
+        self.gold = GoldSet(self.store)
+        self.trainer = make_trainer(cfg, self.model_dir)
         if self.resume:
             self.cursor = load_checkpoint(self.out / "checkpoints", self.trainer, self.rng)
             self.cursor.resumes += 1
@@ -173,15 +181,7 @@ class _Run:
             self.evals = _read_evals(self.out / "metrics.jsonl")
         elif cfg.sft.trajectories and cfg.sft.steps:
             self.trainer.reset_optimizer(cfg.sft.lr)
-        self.logger = MetricsLogger(
-            self.out,
-            tensorboard=cfg.logging.tensorboard,
-            wandb=cfg.logging.wandb,
-            wandb_project=cfg.logging.wandb_project,
-            run_name=cfg.name,
-            config=dataclasses.asdict(cfg),
-            resume=self.resume,
-        )
+        self.logger = metrics_logger(cfg, resume=self.resume)
         self.engine = EmbeddedEngine(
             EmbeddedEngineConfig(
                 model_path=str(self.model_dir),
@@ -189,35 +189,10 @@ class _Run:
                 context_length=cfg.model.context_length,
             )
         )
-        self.service = self._service([self.engine])
+        self.service = model_service(cfg, self.tokenizer, self.store, [self.engine])
         if self.trainer.version:
             self.push_weights()
         self.logger.log("phase", {"phase": "setup", "seconds": time.monotonic() - t0})
-
-    def _service(self, engines):
-        from gyre_env.proxy.serving import ModelService, ModelServiceConfig
-
-        return ModelService(
-            ModelServiceConfig(context_length=self.cfg.model.context_length),
-            engines=engines,
-            tokenizer=self.tokenizer,
-            sinks=(_KeepOpen(self.store),),
-        ).start()
-
-    def _agent(self, temperature: float):
-        from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
-
-        r = self.cfg.rollout
-        return LangGraphAgent(
-            LangGraphAgentConfig(
-                max_steps=r.max_steps,
-                max_new_tokens=r.max_new_tokens,
-                temperature=temperature,
-                subagent=False,
-                nudges=0,
-                seed=self.cfg.seed,
-            )
-        )
 
     # ---- the loop ---------------------------------------------------------------
     def loop(self, stop: _Stop) -> None:
@@ -246,15 +221,30 @@ class _Run:
         self.save()
         self.export(self.out / "model")
 
+    def episodes(self, tasks, *, group_size, run, temperature, desc, group=None) -> RolloutStats:
+        stats = rollout(
+            self.cfg,
+            service=self.service,
+            store=self.store,
+            agent=make_agent(self.cfg, temperature),
+            tasks=tasks,
+            group_size=group_size,
+            run=run,
+            desc=desc,
+            group=group,
+        )
+        if stats.infra_errors:
+            log.warning("%s: %d infra errors (excluded, never scored 0)", run, stats.infra_errors)
+        return stats
+
     def evaluate(self, phase: str, step: int | None = None) -> dict:
         """``step``: the optimizer steps the evaluated weights took (default: this run's)."""
-        t0 = time.monotonic()
-        c = self.cursor
+        t0, c, r = time.monotonic(), self.cursor, self.cfg.rollout
         stats = self.episodes(
-            self.heldout,
-            group_size=self.cfg.rollout.eval_attempts,
+            self.tasks.heldout,
+            group_size=r.eval_attempts,
             run=f"eval.{phase}.{c.iteration:04d}.r{c.resumes}",
-            temperature=self.cfg.rollout.eval_temperature,
+            temperature=r.eval_temperature,
             desc=f"eval {phase}",
         )
         row = {
@@ -268,44 +258,22 @@ class _Run:
         }
         self.logger.log("eval", row)
         self.evals.append(row)
-        _say(
-            f"{_eval_label(self.cfg)} {phase} (step {row['step']}): pass rate {stats.pass_rate:.3f}, "
-            f"mean score {stats.mean_score:.3f} over {len(stats.valid)} episodes"
+        say(
+            f"{eval_label(self.cfg)} {phase} (step {row['step']}): pass rate "
+            f"{stats.pass_rate:.3f}, mean score {stats.mean_score:.3f} over "
+            f"{len(stats.valid)} episodes"
         )
         return row
-
-    def episodes(self, tasks, *, group_size, run, temperature, desc, group=None) -> RolloutStats:
-        r = self.cfg.rollout
-        stats = run_episodes(
-            service=self.service,
-            agent=self._agent(temperature),
-            tasks=tasks,
-            env_id=self.cfg.tasks.env_id,
-            group_size=group_size,
-            run=run,
-            store=self.store,
-            parallel=r.parallel,
-            time_limit_s=r.time_limit_s,
-            seed=self.cfg.seed,
-            results_path=self.out / "episodes.jsonl",
-            progress=self.cfg.logging.progress,
-            desc=desc,
-            env_kwargs=self.cfg.tasks.env_kwargs,
-            group=group,
-        )
-        if stats.infra_errors:
-            log.warning("%s: %d infra errors (excluded, never scored 0)", run, stats.infra_errors)
-        return stats
 
     def record_gold(self) -> None:
         """Gold trajectories through the proxy into the store (run ``sft``)."""
         from gyre_env.proxy.scripted import ScriptedEngine
         from gyre_env.train.gold import GoldReplay
 
-        t0 = time.monotonic()
-        tasks = self.gold_tasks
+        t0, tasks = time.monotonic(), self.tasks.gold
         replay = ScriptedEngine(GoldReplay(self.tokenizer, tasks), name="gold-replay")
-        service, self.service = self.service, self._service([replay])
+        service = self.service
+        self.service = model_service(self.cfg, self.tokenizer, self.store, [replay])
         try:
             stats = self.episodes(  # one group: the shared system prompt is packed once
                 tasks, group_size=1, run="sft", temperature=1.0, desc="gold", group="sft"
@@ -318,10 +286,13 @@ class _Run:
             raise RuntimeError(f"gold replay did not solve {bad[:5]}: check the tasks' gold")
         self.logger.log("phase", {"phase": "sft_record", "seconds": time.monotonic() - t0})
 
+    def gold_batch(self, rng: np.random.Generator):
+        """An SFT batch: ``sft.batch_size`` gold episodes drawn with ``rng``."""
+        return self.gold.batch(rng, self.cfg.sft.batch_size, self.cfg.sample_config())
+
     def sft(self, stop: _Stop) -> None:
-        t0 = time.monotonic()
-        cfg, c = self.cfg.sft, self.cursor
-        self._gold()  # no gold: fail before the progress bar
+        t0, cfg, c = time.monotonic(), self.cfg.sft, self.cursor
+        self.gold.episodes()  # no gold: fail before the progress bar
         bar = _bar(cfg.steps, "sft", self.cfg.logging.progress, initial=c.sft_step)
         started = time.monotonic()
         while c.sft_step < cfg.steps:
@@ -341,73 +312,17 @@ class _Run:
         self.logger.log("phase", {"phase": "sft_train", "seconds": time.monotonic() - t0})
         self.evaluate("sft")
 
-    def _gold(self) -> tuple[list, dict]:
-        """The gold episodes (store run ``sft``) and their records, read once."""
-        if self._gold_data is None:
-            episodes = [e for e in self.store.episodes(run="sft") if e.outcome != "infra_error"]
-            if not episodes:
-                raise RuntimeError("no gold trajectories in the store (run 'sft')")
-            records = {e.session: list(self.store.records([e.session])) for e in episodes}
-            self._gold_data = episodes, records
-        return self._gold_data
-
-    def gold_batch(self, rng: np.random.Generator):
-        """An SFT batch: ``sft.batch_size`` gold episodes drawn with ``rng``."""
-        from gyre_env.trainers.protocol import TrainBatch
-        from gyre_env.trajectory.tree import build_trees
-
-        episodes, records = self._gold()
-        n = min(self.cfg.sft.batch_size, len(episodes))
-        pick = [episodes[i] for i in rng.choice(len(episodes), n, False)]
-        trees = build_trees([r for e in pick for r in records[e.session]], pick)
-        return TrainBatch(units=units_of(trees, self.cfg), kind="sft")
-
     def iteration(self, stop: _Stop) -> None:
-        from gyre_env.trainers.protocol import TrainBatch
-
+        """One RL iteration: rollouts (unless the resumed cursor has them), the optimizer
+        steps on them and the gold steps, a weight push, then eval and checkpoint."""
         cfg, c = self.cfg, self.cursor
-        it = c.iteration
-        t0 = time.monotonic()
+        it, t0 = c.iteration, time.monotonic()
         stats = None
         if c.rollout_run is None:
-            n = cfg.rollout.tasks_per_iteration
-            pool = len(self.rl_tasks)
-            tasks = [self.rl_tasks[i] for i in self.rng.choice(pool, n, replace=n > pool)]
-            tag = f"rl.{it:04d}.r{c.resumes}"
-            stats = self.episodes(
-                tasks,
-                group_size=cfg.rollout.group_size,
-                run=tag,
-                temperature=cfg.rollout.temperature,
-                desc=f"iter {it} rollout",
-            )
-            c.rollout_run = tag
-            save_cursor(self.out / "checkpoints", c)
-        t_rollout = time.monotonic() - t0
-        t1 = time.monotonic()
-        minibatches, skipped = rl_minibatches(
-            self.store.trees(run=c.rollout_run), cfg, np.random.default_rng([cfg.seed, it])
-        )
-        staleness: dict[str, int] = {}
-        train_tokens = train_s = 0.0
-        # the RL steps, then sft.steps_per_iteration gold steps (c.minibatch counts both)
-        while c.minibatch < len(minibatches) + cfg.gold_steps_per_iteration():
-            rl = c.minibatch < len(minibatches)
-            if rl:
-                batch = TrainBatch(units=minibatches[c.minibatch], kind="rl")
-                _count_lag(staleness, batch, self.trainer.version)
-            else:  # a generator per step: a resumed run draws the same gold
-                batch = self.gold_batch(np.random.default_rng([cfg.seed, 2, it, c.minibatch]))
-            with stop.train_phase():  # a Ctrl-C is taken once the step is logged
-                m = self.trainer.train_step(batch)
-                c.minibatch += 1
-                c.rl_step += rl
-                row = {"step": self.trainer.version, "iteration": it, **m}
-                self.logger.log("rl" if rl else "ptx", row)
-            train_tokens += m["tokens"]
-            train_s += m["step_s"]
-        t_train = time.monotonic() - t1
-        t2 = time.monotonic()
+            stats = self.rollouts(it)
+        t_rollout, t1 = time.monotonic() - t0, time.monotonic()
+        steps = self.train_steps(it, stop)
+        t_train, t2 = time.monotonic() - t1, time.monotonic()
         self.push_weights()
         row = {
             "iteration": it,
@@ -415,26 +330,11 @@ class _Run:
             "time_rollout": t_rollout,
             "time_train": t_train,
             "time_sync": time.monotonic() - t2,
-            "train_tokens_per_s": train_tokens / train_s if train_s else 0.0,
-            "staleness": staleness,
-            "minibatches": len(minibatches),
-            "groups_skipped": skipped,
+            **steps,
         }
         if stats is not None:
-            scores = stats.scores
-            row.update(
-                reward_mean=float(scores.mean()) if len(scores) else 0.0,
-                reward_std=float(scores.std()) if len(scores) else 0.0,
-                pass_rate=stats.pass_rate,
-                zero_variance_groups=stats.zero_variance_groups(
-                    functools.partial(episode_reward, cfg=cfg.sample_config())
-                ),
-                episodes=len(stats.results),
-                infra_errors=stats.infra_errors,
-                rollout_tokens_per_s=stats.sampled_tokens / stats.wall_s if stats.wall_s else 0.0,
-                wait_fraction=stats.wait_fraction(),
-            )
-            _say(
+            row.update(self.rollout_row(stats))
+            say(
                 f"iter {it}: reward {row['reward_mean']:.3f} +- {row['reward_std']:.3f}, "
                 f"pass {stats.pass_rate:.3f}, zero-variance groups "
                 f"{row['zero_variance_groups']:.2f}, step {self.trainer.version} "
@@ -447,6 +347,80 @@ class _Run:
             self.evaluate("rl")
         if c.iteration % sched.checkpoint_every == 0 or c.iteration == sched.iterations:
             self.save()
+
+    def rollouts(self, it: int) -> RolloutStats:
+        """The iteration's GRPO groups, into the store under a run tag the cursor keeps."""
+        cfg, c = self.cfg, self.cursor
+        n, pool = cfg.rollout.tasks_per_iteration, len(self.tasks.rl)
+        tasks = [self.tasks.rl[i] for i in self.rng.choice(pool, n, replace=n > pool)]
+        tag = f"rl.{it:04d}.r{c.resumes}"
+        stats = self.episodes(
+            tasks,
+            group_size=cfg.rollout.group_size,
+            run=tag,
+            temperature=cfg.rollout.temperature,
+            desc=f"iter {it} rollout",
+        )
+        c.rollout_run = tag
+        save_cursor(self.out / "checkpoints", c)
+        return stats
+
+    def train_steps(self, it: int, stop: _Stop) -> dict:
+        """The RL steps on the iteration's rollouts, then ``sft.steps_per_iteration`` gold
+        steps (``cursor.minibatch`` counts both, so a resume takes the same steps)."""
+        from gyre_env.trainers.protocol import TrainBatch
+        from gyre_env.trajectory.packing import loss_token_lags
+
+        cfg, c = self.cfg, self.cursor
+        minibatches, skipped = rl_minibatches(
+            self.store.trees(run=c.rollout_run),
+            cfg.sample_config(),
+            steps=cfg.schedule.optimizer_steps,
+            epochs=cfg.schedule.epochs,
+            skip_zero_variance=cfg.algorithm.skip_zero_variance,
+            rng=np.random.default_rng([cfg.seed, it]),
+        )
+        staleness: collections.Counter[str] = collections.Counter()
+        tokens = seconds = 0.0
+        while c.minibatch < len(minibatches) + cfg.gold_steps_per_iteration():
+            rl = c.minibatch < len(minibatches)
+            if rl:
+                batch = TrainBatch(units=minibatches[c.minibatch], kind="rl")
+                lags = loss_token_lags(batch.units, self.trainer.version)
+                staleness.update({str(lag): n for lag, n in lags.items()})
+            else:  # a generator per step: a resumed run draws the same gold
+                batch = self.gold_batch(np.random.default_rng([cfg.seed, 2, it, c.minibatch]))
+            with stop.train_phase():  # a Ctrl-C is taken once the step is logged
+                m = self.trainer.train_step(batch)
+                c.minibatch += 1
+                c.rl_step += rl
+                self.logger.log(
+                    "rl" if rl else "ptx", {"step": self.trainer.version, "iteration": it, **m}
+                )
+            tokens += m["tokens"]
+            seconds += m["step_s"]
+        return {
+            "train_tokens_per_s": tokens / seconds if seconds else 0.0,
+            "staleness": dict(staleness),
+            "minibatches": len(minibatches),
+            "groups_skipped": skipped,
+        }
+
+    def rollout_row(self, stats: RolloutStats) -> dict:
+        """The iteration record's rollout fields."""
+        scores = stats.scores
+        return dict(
+            reward_mean=float(scores.mean()) if len(scores) else 0.0,
+            reward_std=float(scores.std()) if len(scores) else 0.0,
+            pass_rate=stats.pass_rate,
+            zero_variance_groups=stats.zero_variance_groups(
+                functools.partial(episode_reward, cfg=self.cfg.sample_config())
+            ),
+            episodes=len(stats.results),
+            infra_errors=stats.infra_errors,
+            rollout_tokens_per_s=stats.sampled_tokens / stats.wall_s if stats.wall_s else 0.0,
+            wait_fraction=stats.wait_fraction(),
+        )
 
     def export(self, folder: Path) -> None:
         """The current weights and the tokenizer as a Hugging Face model folder, which
@@ -484,58 +458,14 @@ class _Run:
 
         if (self.out / "metrics.jsonl").is_file():
             try:
-                path = write_report(self.out, title=f"gyre train {self.cfg.name}")
-                _say(f"report: {path}")
+                say(f"report: {write_report(self.out, title=f'gyre train {self.cfg.name}')}")
             except Exception as e:  # a report must never cost the run
                 log.warning("could not write the report: %s", e)
         for phase in ("random", "sft", "rl"):
             rate = summary.pass_rate(phase)
             if rate is not None:
-                _say(f"{_eval_label(self.cfg)} pass rate, {phase}: {rate:.3f}")
-        _say(f"wall time {summary.wall_s:.0f}s; run folder {self.out}")
-
-
-class _KeepOpen:
-    """The store as a record sink that a stopping proxy does not close (several model
-    services write into the one store of a run)."""
-
-    def __init__(self, store):
-        self.store = store
-
-    def write(self, record) -> None:
-        self.store.write(record)
-
-    def close(self) -> None:
-        """The run closes the store."""
-
-
-def _check_resumable(cfg: TrainConfig, saved_path: Path) -> None:
-    """A checkpoint loads only into the backend and model shape that wrote it: say which
-    differs (before: a raw state_dict error after the model was built)."""
-    if not saved_path.is_file():
-        return
-    try:
-        saved = json.loads(saved_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return  # an unreadable config.json: the checkpoint itself is what counts
-    now = dataclasses.asdict(cfg)
-    diffs = []
-    for key in ("backend", "model"):
-        was, new = saved.get(key, now[key]), now[key]
-        if isinstance(was, dict) and isinstance(new, dict):
-            diffs += [
-                f"{key}.{k}: {was.get(k)!r} in the run, {new.get(k)!r} now"
-                for k in new
-                if k in was and was[k] != new[k]
-            ]
-        elif was != new:
-            diffs.append(f"{key}: {was!r} in the run, {new!r} now")
-    if diffs:
-        raise ConfigError(
-            f"--resume: {cfg.out_dir}'s checkpoint does not fit these settings ("
-            + "; ".join(diffs)
-            + "). Resume with the run's own settings, or start a new run with another --out"
-        )
+                say(f"{eval_label(self.cfg)} pass rate, {phase}: {rate:.3f}")
+        say(f"wall time {summary.wall_s:.0f}s; run folder {self.out}")
 
 
 def evaluate_heldout(
@@ -561,170 +491,6 @@ def evaluate_heldout(
         run.close()
 
 
-def units_of(trees, cfg: TrainConfig):
-    """Packed units of ``trees`` under the run's sampling config."""
-    from gyre_env.trajectory.packing import pack
-    from gyre_env.trajectory.sampling import bounded_samples
-
-    units, _ = bounded_samples(trees, cfg.sample_config())
-    return [pack(u) for u in units]
-
-
-def rl_minibatches(trees, cfg: TrainConfig, rng) -> tuple[list[list], int]:
-    """One iteration's optimizer steps: per epoch the groups (trees) are shuffled and
-    split into ``schedule.optimizer_steps`` minibatches, each cut into packed units.
-    Groups without signal (all advantages 0) are left out first when
-    ``algorithm.skip_zero_variance``. Returns the minibatches and how many groups were
-    left out; deterministic for ``rng``'s seed (a resumed run rebuilds the same list)."""
-    from gyre_env.trajectory.sampling import group_advantages
-
-    kept = trees
-    if cfg.algorithm.skip_zero_variance:
-        sample = cfg.sample_config()
-        kept = [t for t in trees if any(group_advantages(t, sample).values())]
-    if not kept:
-        return [], len(trees)
-    out = []
-    k = min(cfg.schedule.optimizer_steps, len(kept))
-    for _ in range(cfg.schedule.epochs):
-        for chunk in np.array_split(rng.permutation(len(kept)), k):
-            units = units_of([kept[i] for i in chunk], cfg)
-            if units:
-                out.append(units)
-    return out, len(trees) - len(kept)
-
-
-def _count_lag(hist: dict[str, int], batch, version: int) -> None:
-    from gyre_env.trajectory.packing import loss_token_lags
-
-    for lag, count in loss_token_lags(batch.units, version).items():
-        hist[str(lag)] = hist.get(str(lag), 0) + count
-
-
-def prepare_model(cfg: TrainConfig) -> Path:
-    """The model folder: the user's (checked to be a causal LM with a tokenizer) or the
-    built-in tiny Qwen2 of ``cfg.model``'s shape, built here if missing."""
-    m = cfg.model
-    if m.path is None:
-        from gyre_env.engines.tiny import TinyModelConfig, tiny_model_path
-
-        return tiny_model_path(
-            TinyModelConfig(
-                seed=m.seed,
-                hidden_size=m.hidden_size,
-                intermediate_size=m.intermediate_size,
-                num_layers=m.num_layers,
-                num_heads=m.num_heads,
-                num_kv_heads=m.num_kv_heads,
-                initializer_range=m.initializer_range,
-            )
-        )
-    folder = Path(m.path).expanduser()
-    if not (folder / "config.json").is_file():
-        raise ConfigError(
-            f"model.path: {folder} is not a Hugging Face model folder (no config.json)"
-        )
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    try:
-        config = AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"model.path: {folder}: unreadable config.json: {e}") from e
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise ConfigError(
-            f"model.path: {folder} holds a {config.model_type!r} model, which is not a causal "
-            "LM (transformers has no AutoModelForCausalLM class for it)"
-        )
-    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        raise ConfigError(f"model.path: {folder} has no tokenizer files")
-    return folder
-
-
-def split_pool(cfg: TrainConfig, train: list) -> tuple[list, list]:
-    """(SFT's gold tasks, RL's tasks): ``sft.trajectories`` tasks with gold, drawn for the
-    run's seed; RL samples the whole pool, or with ``tasks.rl_includes_sft_tasks = false``
-    the rest of it (the whole pool if SFT took every task)."""
-    n = cfg.sft.trajectories if cfg.sft.steps else 0
-    order = np.random.default_rng([cfg.seed, 1]).permutation(len(train))
-    gold = [train[i] for i in order if train[i].gold_dir][:n]
-    if cfg.tasks.rl_includes_sft_tasks:
-        return gold, list(train)
-    taken = {t.id for t in gold}
-    return gold, [t for t in train if t.id not in taken] or list(train)
-
-
-def _eval_label(cfg: TrainConfig) -> str:
-    return "held-out" if cfg.tasks.eval_split == "heldout" else cfg.tasks.eval_split
-
-
-def load_tasks(cfg: TrainConfig):
-    """(training pool, held-out tasks); the nano suite's splits are disjoint."""
-    t = cfg.tasks
-    if t.eval_split not in ("heldout", "validation"):
-        raise ConfigError(
-            f"tasks.eval_split: must be 'heldout' or 'validation', got {t.eval_split!r}"
-        )
-    tuning = t.eval_split == "validation"
-    if t.suite == "nano":
-        from gyre_env.tasks.nano import fit_size, nano_tasks
-
-        fit, evaluate = ("fit", "validation") if tuning else ("train", "heldout")
-        try:
-            count = t.train_count
-            if tuning:  # fit is train less validation: a count sized for train caps at it
-                kw = {
-                    k: v for k, v in t.suite_kwargs.items() if k in ("names", "only", "arg_names")
-                }
-                count = min(count, fit_size(t.seed, **kw))
-            train = nano_tasks(fit, count, seed=t.seed, **t.suite_kwargs)
-            kw = {**t.suite_kwargs, **t.eval_suite_kwargs}
-            heldout = nano_tasks(evaluate, t.heldout_count, seed=t.seed, **kw)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"tasks: {e}") from e
-    else:
-        from gyre_env.tasks import load_suite
-
-        if t.eval_suite_kwargs:
-            raise ConfigError(
-                f"tasks.eval_suite_kwargs: only the nano suite loads its evaluated tasks "
-                f"apart; suite {t.suite!r} cuts them from one task list"
-            )
-        try:
-            tasks = load_suite(t.suite, **t.suite_kwargs)
-        except (KeyError, TypeError, ValueError, FileNotFoundError) as e:
-            raise ConfigError(f"tasks: suite {t.suite!r}: {e}") from e
-        order = np.random.default_rng(t.seed).permutation(len(tasks))
-        if tuning:  # the held-out tasks leave; the next heldout_count validate
-            order = order[t.heldout_count :]
-        heldout = [tasks[i] for i in order[: t.heldout_count]]
-        train = [tasks[i] for i in order[t.heldout_count :]][: t.train_count]
-    if not train:
-        raise ConfigError(f"tasks: suite {t.suite!r} gives no training tasks")
-    if not heldout:
-        raise ConfigError(f"tasks: suite {t.suite!r} gives no {t.eval_split} tasks")
-    if cfg.sft.trajectories and cfg.sft.steps and not any(x.gold_dir for x in train):
-        raise ConfigError("sft: no training task has a gold solution to replay")
-    return train, heldout
-
-
-def check_store_tokenizer(store, tokenizer, model_dir: Path) -> None:
-    """A store holds token ids of one tokenizer: refuse to mix in another's."""
-    import hashlib
-
-    vocab = json.dumps(sorted(tokenizer.get_vocab().items()), separators=(",", ":"))
-    fingerprint = hashlib.sha256(vocab.encode()).hexdigest()[:16]
-    known = store.meta("tokenizer")
-    if known is None:
-        store.set_meta("tokenizer", fingerprint)
-        store.set_meta("model", str(model_dir))
-    elif known != fingerprint:
-        raise ConfigError(
-            f"{store.path} holds token ids of another tokenizer (model "
-            f"{store.meta('model')}), not {model_dir}'s: use a new --out"
-        )
-
-
 def _read_evals(path: Path) -> list[dict]:
     if not path.is_file():
         return []
@@ -743,7 +509,3 @@ def _bar(total: int, desc: str, enabled: bool, initial: int = 0):
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, desc=desc, file=sys.stderr, unit="step", leave=False)
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)

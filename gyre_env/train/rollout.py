@@ -132,3 +132,40 @@ def run_episodes(
         if bar is not None:
             bar.close()
     return RolloutStats(results=results, wall_s=time.monotonic() - start)
+
+
+def rollout(
+    cfg,
+    *,
+    service,
+    store,
+    agent,
+    tasks: list,
+    group_size: int,
+    run: str,
+    desc: str,
+    group: str | None = None,
+    parallel: int | None = None,
+    seed: int | None = None,
+    progress: bool | None = None,
+) -> RolloutStats:
+    """``run_episodes`` with the run's settings (``cfg``, a ``TrainConfig``): its env,
+    episode limits, seed, results file and progress bars, unless given here."""
+    r = cfg.rollout
+    return run_episodes(
+        service=service,
+        agent=agent,
+        tasks=tasks,
+        env_id=cfg.tasks.env_id,
+        group_size=group_size,
+        run=run,
+        store=store,
+        parallel=r.parallel if parallel is None else parallel,
+        time_limit_s=r.time_limit_s,
+        seed=cfg.seed if seed is None else seed,
+        results_path=cfg.out_dir / "episodes.jsonl",
+        progress=cfg.logging.progress if progress is None else progress,
+        desc=desc,
+        env_kwargs=cfg.tasks.env_kwargs,
+        group=group,
+    )

@@ -35,6 +35,7 @@ style, ``reward - mean(group rewards)``, optionally divided by the group's std.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -182,13 +183,16 @@ class _UnitBuilder:
 
 
 def bounded_samples(
-    trees: list[TokenTree], cfg: SampleConfig | None = None
+    trees: list[TokenTree],
+    cfg: SampleConfig | None = None,
+    advantages: Sequence[dict[str, float]] | None = None,
 ) -> tuple[list[TrainingUnit], SampleStats]:
-    """Cut ``trees`` into units of at most ``cfg.token_budget`` tokens (see module doc)."""
+    """Cut ``trees`` into units of at most ``cfg.token_budget`` tokens (see module doc).
+    ``advantages``: each tree's ``group_advantages``, when the caller has them already."""
     cfg = cfg or SampleConfig()
     builder, stats = _UnitBuilder(cfg), SampleStats()
-    for tree in trees:
-        adv = group_advantages(tree, cfg)
+    for i, tree in enumerate(trees):
+        adv = advantages[i] if advantages is not None else group_advantages(tree, cfg)
         stats.excluded_episodes += len(tree.episodes) - len(adv)
         active = set(adv)
         keep = {n.id for n in tree.nodes[1:] if n.sessions & active}
@@ -217,6 +221,52 @@ def bounded_samples(
     stats.units = len(builder.units)
     stats.tokens = sum(u.num_tokens for u in builder.units)
     return builder.units, stats
+
+
+def packed_units(
+    trees: list[TokenTree],
+    cfg: SampleConfig,
+    advantages: Sequence[dict[str, float]] | None = None,
+) -> list:
+    """``trees`` cut into bounded units and packed for the trainer (``PackedTree`` list)."""
+    from gyre_env.trajectory.packing import pack  # packing imports this module
+
+    units, _ = bounded_samples(trees, cfg, advantages)
+    return [pack(u) for u in units]
+
+
+def rl_minibatches(
+    trees: list[TokenTree],
+    cfg: SampleConfig,
+    *,
+    steps: int,
+    epochs: int,
+    skip_zero_variance: bool,
+    rng: np.random.Generator,
+) -> tuple[list[list], int]:
+    """One iteration's optimizer steps: per epoch the groups (trees) are shuffled and
+    split into ``steps`` minibatches, each cut into packed units. Each group's
+    advantages are computed once, here. Groups without signal (all advantages 0) are left
+    out first when ``skip_zero_variance``. Returns the minibatches and how many groups
+    were left out; deterministic for ``rng``'s seed (a resumed run rebuilds the same
+    list)."""
+    advantages = [group_advantages(t, cfg) for t in trees]
+    kept = list(range(len(trees)))
+    if skip_zero_variance:
+        kept = [i for i in kept if any(advantages[i].values())]
+    if not kept:
+        return [], len(trees)
+    out = []
+    k = min(steps, len(kept))
+    for _ in range(epochs):
+        for chunk in np.array_split(rng.permutation(len(kept)), k):
+            picked = [kept[i] for i in chunk]
+            units = packed_units(
+                [trees[i] for i in picked], cfg, [advantages[i] for i in picked]
+            )
+            if units:
+                out.append(units)
+    return out, len(trees) - len(kept)
 
 
 def _leaves(tree: TokenTree, keep: set[int]) -> list[int]:

@@ -537,3 +537,38 @@ def _latest_per_branch(
     for call in sorted(contexts):
         latest[branches.get(call, "")] = call
     return {c: contexts[c] for c in latest.values()}
+
+
+class StoreSink:
+    """The store as a proxy record sink that a stopping model service does not close
+    (several services write into the one store of a run; the run closes it)."""
+
+    def __init__(self, store: TrajectoryStore):
+        self.store = store
+
+    def write(self, record: CallRecord) -> None:
+        self.store.write(record)
+
+    def close(self) -> None:
+        """The run closes the store."""
+
+
+def check_tokenizer(store: TrajectoryStore, tokenizer, model_dir: Path) -> None:
+    """A store holds token ids of one tokenizer: record ``tokenizer``'s fingerprint in a
+    new store, and refuse (``ConfigError``) a store written with another one."""
+    import hashlib
+
+    from gyre_env.config import ConfigError
+
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()), separators=(",", ":"))
+    fingerprint = hashlib.sha256(vocab.encode()).hexdigest()[:16]
+    known = store.meta("tokenizer")
+    if known is None:
+        store.set_meta("tokenizer", fingerprint)
+        store.set_meta("model", str(model_dir))
+    elif known != fingerprint:
+        raise ConfigError(
+            f"{store.path} holds token ids of another tokenizer (model "
+            f"{store.meta('model')}), not {model_dir}'s: use a new --out"
+        )
+

@@ -10,8 +10,37 @@ import pytest
 from gyre_env.proxy.records import CallRecord
 from gyre_env.tasks import nano_tasks
 from gyre_env.train.config import ConfigError, TrainConfig, apply_overrides
-from gyre_env.train.loop import load_tasks, rl_minibatches, split_pool
+from gyre_env.tasks.splits import split_gold
+from gyre_env.train.setup import task_pool
+from gyre_env.trajectory import sampling
 from gyre_env.trajectory.tree import EpisodeInfo, build_trees
+
+
+def rl_minibatches(trees, cfg: TrainConfig, rng):
+    """``trajectory.sampling.rl_minibatches`` with ``cfg``'s settings, as the loop calls it."""
+    return sampling.rl_minibatches(
+        trees,
+        cfg.sample_config(),
+        steps=cfg.schedule.optimizer_steps,
+        epochs=cfg.schedule.epochs,
+        skip_zero_variance=cfg.algorithm.skip_zero_variance,
+        rng=rng,
+    )
+
+
+def load_tasks(cfg: TrainConfig):
+    pool = task_pool(cfg)
+    return pool.train, pool.heldout
+
+
+def split_pool(cfg: TrainConfig, train):
+    """(gold, RL) tasks as ``task_pool`` splits them."""
+    return split_gold(
+        train,
+        gold_count=cfg.sft.trajectories if cfg.sft.steps else 0,
+        seed=cfg.seed,
+        rl_includes_gold=cfg.tasks.rl_includes_sft_tasks,
+    )
 
 
 def _group(rng, name, rewards):
@@ -163,3 +192,21 @@ def test_evaluated_tasks_can_cover_fewer_operations_than_training():
         assert not {t.id for t in train} & {t.id for t in measured}
     with pytest.raises(ConfigError, match="tasks.eval_suite_kwargs: only the nano suite"):
         load_tasks(_cfg("tasks.suite='micro'", "tasks.eval_suite_kwargs={only='upper'}"))
+
+
+def test_each_groups_advantages_are_computed_once(monkeypatch):
+    """The filter and the units share one ``group_advantages`` per group (before: the
+    zero-variance filter computed them, then every chunk's units again)."""
+    calls = []
+    real = sampling.group_advantages
+
+    def counted(tree, cfg):
+        calls.append(tree.group)
+        return real(tree, cfg)
+
+    monkeypatch.setattr(sampling, "group_advantages", counted)
+    trees = _trees()
+    mbs, _ = rl_minibatches(trees, _cfg("schedule.epochs=2"), np.random.default_rng(0))
+    assert mbs
+    assert sorted(calls) == sorted(t.group for t in trees)
+

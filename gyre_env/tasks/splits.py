@@ -1,0 +1,87 @@
+"""A training run's tasks: the training pool, the evaluated split, and the pool's share
+of gold (SFT) and RL tasks.
+
+The evaluated split is disjoint from the pool: ``heldout`` (nano's held-out split, or
+the first ``heldout_count`` tasks of a seeded permutation of another suite) or
+``validation``, for choosing settings without looking at the held-out tasks (nano's
+``fit``/``validation`` splits; another suite: the ``heldout_count`` tasks after the
+held-out ones, which then neither train nor evaluate).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gyre_env.config import ConfigError
+from gyre_env.tasks.task import Task
+
+EVAL_SPLITS = ("heldout", "validation")
+
+
+def load_splits(
+    suite: str,
+    *,
+    train_count: int,
+    heldout_count: int,
+    seed: int,
+    suite_kwargs: dict,
+    eval_suite_kwargs: dict,
+    eval_split: str,
+) -> tuple[list[Task], list[Task]]:
+    """(training pool, evaluated tasks) of ``suite``; a bad option is a ``ConfigError``
+    naming the ``tasks.*`` key."""
+    if eval_split not in EVAL_SPLITS:
+        raise ConfigError(
+            f"tasks.eval_split: must be 'heldout' or 'validation', got {eval_split!r}"
+        )
+    tuning = eval_split == "validation"
+    if suite == "nano":
+        from gyre_env.tasks.nano import fit_size, nano_tasks
+
+        fit, evaluate = ("fit", "validation") if tuning else ("train", "heldout")
+        try:
+            count = train_count
+            if tuning:  # fit is train less validation: a count sized for train caps at it
+                kw = {k: v for k, v in suite_kwargs.items() if k in ("names", "only", "arg_names")}
+                count = min(count, fit_size(seed, **kw))
+            train = nano_tasks(fit, count, seed=seed, **suite_kwargs)
+            kw = {**suite_kwargs, **eval_suite_kwargs}
+            heldout = nano_tasks(evaluate, heldout_count, seed=seed, **kw)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"tasks: {e}") from e
+    else:
+        from gyre_env.tasks import load_suite
+
+        if eval_suite_kwargs:
+            raise ConfigError(
+                f"tasks.eval_suite_kwargs: only the nano suite loads its evaluated tasks "
+                f"apart; suite {suite!r} cuts them from one task list"
+            )
+        try:
+            tasks = load_suite(suite, **suite_kwargs)
+        except (KeyError, TypeError, ValueError, FileNotFoundError) as e:
+            raise ConfigError(f"tasks: suite {suite!r}: {e}") from e
+        order = np.random.default_rng(seed).permutation(len(tasks))
+        if tuning:  # the held-out tasks leave; the next heldout_count validate
+            order = order[heldout_count:]
+        heldout = [tasks[i] for i in order[:heldout_count]]
+        train = [tasks[i] for i in order[heldout_count:]][:train_count]
+    if not train:
+        raise ConfigError(f"tasks: suite {suite!r} gives no training tasks")
+    if not heldout:
+        raise ConfigError(f"tasks: suite {suite!r} gives no {eval_split} tasks")
+    return train, heldout
+
+
+def split_gold(
+    pool: list[Task], *, gold_count: int, seed: int, rl_includes_gold: bool
+) -> tuple[list[Task], list[Task]]:
+    """(gold tasks, RL tasks) of the training ``pool``: ``gold_count`` tasks with a gold
+    solution, drawn for ``seed``; RL samples the whole pool, or without
+    ``rl_includes_gold`` the rest of it (the whole pool if the gold took every task)."""
+    order = np.random.default_rng([seed, 1]).permutation(len(pool))
+    gold = [pool[i] for i in order if pool[i].gold_dir][:gold_count]
+    if rl_includes_gold:
+        return gold, list(pool)
+    taken = {t.id for t in gold}
+    return gold, [t for t in pool if t.id not in taken] or list(pool)
