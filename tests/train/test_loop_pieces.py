@@ -9,8 +9,8 @@ import pytest
 
 from gyre_env.proxy.records import CallRecord
 from gyre_env.tasks import nano_tasks
-from gyre_env.train.config import ConfigError, TrainConfig, apply_overrides
 from gyre_env.tasks.splits import split_gold
+from gyre_env.train.config import ConfigError, TrainConfig, apply_overrides
 from gyre_env.train.setup import task_pool
 from gyre_env.trajectory import sampling
 from gyre_env.trajectory.tree import EpisodeInfo, build_trees
@@ -209,4 +209,3 @@ def test_each_groups_advantages_are_computed_once(monkeypatch):
     mbs, _ = rl_minibatches(trees, _cfg("schedule.epochs=2"), np.random.default_rng(0))
     assert mbs
     assert sorted(calls) == sorted(t.group for t in trees)
-
