@@ -20,9 +20,10 @@ from gyre_env.agents.base import (
     AgentStop,
     EndReason,
     EpisodeClock,
-    ModelEndpoint,
     WaterLevel,
 )
+
+from gyre_env.proxy.endpoint import ModelEndpoint
 
 _LAZY = {
     "EpisodeContext": "gyre_env.agents.context",

@@ -37,10 +37,10 @@ from gyre_env.agents.base import (
     AgentStop,
     EndReason,
     EpisodeClock,
-    ModelEndpoint,
     WaterLevel,
 )
 from gyre_env.agents.context import EpisodeContext
+from gyre_env.proxy.endpoint import ModelEndpoint
 
 log = logging.getLogger(__name__)
 
