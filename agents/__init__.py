@@ -20,7 +20,6 @@ from gyre_env.agents.base import (
     AgentStop,
     EndReason,
     EpisodeClock,
-    WaterLevel,
 )
 
 from gyre_env.proxy.endpoint import ModelEndpoint
@@ -44,7 +43,6 @@ __all__ = [
     "EndReason",
     "EpisodeClock",
     "ModelEndpoint",
-    "WaterLevel",
     *_LAZY,
 ]
 

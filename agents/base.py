@@ -17,15 +17,12 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from gyre_env.phases import PHASES, PhaseCounts
 
 if TYPE_CHECKING:
     from gyre_env.agents.context import EpisodeContext
-
-PHASES = ("setup", "model", "tool", "scoring", "agent")
-"""Where an episode's wall time goes: ``setup`` (sandbox start, reset), ``model`` (waiting
-on the policy), ``tool`` (executing tool calls), ``scoring`` (interim and final grading),
-``agent`` (the agent's own work between those: graph bookkeeping, parsing)."""
 
 
 class EndReason(str, enum.Enum):
@@ -101,60 +98,14 @@ class AgentResult:
     extra: dict = field(default_factory=dict)
 
 
-class WaterLevel:
-    """Live counts of episodes per phase, readable by a scheduler from any thread.
-
-    ``snapshot()`` returns a consistent copy: how many episodes wait on the model, run
-    tools, are scored, are being set up, and how many are queued to start.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(PHASES, 0)
-        self._queued = 0
-        self._running = 0
-
-    def enter(self, phase: str) -> None:
-        with self._lock:
-            self._counts[phase] += 1
-
-    def leave(self, phase: str) -> None:
-        with self._lock:
-            self._counts[phase] -= 1
-
-    def move(self, old: str | None, new: str | None) -> None:
-        with self._lock:
-            if old is not None:
-                self._counts[old] -= 1
-            if new is not None:
-                self._counts[new] += 1
-
-    def set_queued(self, n: int) -> None:
-        with self._lock:
-            self._queued = n
-
-    def add_running(self, delta: int) -> None:
-        with self._lock:
-            self._running += delta
-
-    def snapshot(self) -> dict[str, Any]:
-        """``{"model", "tool", "scoring", "setup", "agent", "running", "queued", "time"}``."""
-        with self._lock:
-            snap: dict[str, Any] = dict(self._counts)
-            snap["running"] = self._running
-            snap["queued"] = self._queued
-        snap["time"] = time.time()
-        return snap
-
-
 class EpisodeClock:
     """Splits one episode's wall time into ``PHASES``; time goes to the innermost phase.
 
     Phases nest (a sub-agent's model calls inside the main agent's tool call count as
-    ``model``). The clock also keeps the episode's ``WaterLevel`` entry current.
+    ``model``). The clock also keeps the episode's entry in the runner's ``PhaseCounts`` current.
     """
 
-    def __init__(self, waterlevel: WaterLevel | None = None, initial: str = "agent"):
+    def __init__(self, waterlevel: PhaseCounts | None = None, initial: str = "agent"):
         self.waterlevel = waterlevel
         self.totals = dict.fromkeys(PHASES, 0.0)
         self._stack: list[str] = []
