@@ -20,9 +20,9 @@ from gyre_env.agents.base import (
     AgentStop,
     EndReason,
     EpisodeClock,
-    ModelEndpoint,
-    WaterLevel,
 )
+
+from gyre_env.proxy.endpoint import ModelEndpoint
 
 _LAZY = {
     "EpisodeContext": "gyre_env.agents.context",
@@ -43,7 +43,6 @@ __all__ = [
     "EndReason",
     "EpisodeClock",
     "ModelEndpoint",
-    "WaterLevel",
     *_LAZY,
 ]
 

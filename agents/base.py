@@ -17,15 +17,12 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from gyre_env.phases import PHASES, PhaseCounts
 
 if TYPE_CHECKING:
     from gyre_env.agents.context import EpisodeContext
-
-PHASES = ("setup", "model", "tool", "scoring", "agent")
-"""Where an episode's wall time goes: ``setup`` (sandbox start, reset), ``model`` (waiting
-on the policy), ``tool`` (executing tool calls), ``scoring`` (interim and final grading),
-``agent`` (the agent's own work between those: graph bookkeeping, parsing)."""
 
 
 class EndReason(str, enum.Enum):
@@ -101,95 +98,14 @@ class AgentResult:
     extra: dict = field(default_factory=dict)
 
 
-API_KINDS = ("openai", "anthropic")
-"""The model APIs an endpoint can speak."""
-
-
-@dataclass(kw_only=True)
-class ModelEndpoint:
-    """Where an episode's agent reaches the policy: its own proxy session. It is all an
-    agent knows of the model side; the proxy (``gyre_env.proxy.serving``) hosts the model."""
-
-    base_url: str
-    """Base URL of the episode's session for ``api``: OpenAI-style with ``/v1`` (e.g.
-    ``http://127.0.0.1:8000/s/ep1/v1``, then ``/chat/completions``), Anthropic-style without
-    it (``http://127.0.0.1:8000/s/ep1``, then ``/v1/messages``), as each SDK expects."""
-    api: str = "openai"
-    """The API to speak at ``base_url``: ``openai`` or ``anthropic``."""
-    model: str = "tiny"
-    """Model name sent in requests."""
-    api_key: str = "gyre"
-    """Sent as the bearer token / ``x-api-key``; any value unless the proxy sets one."""
-    session: str = ""
-    """The proxy session id (the records' ``session``)."""
-    sandbox_base_url: str | None = None
-    """The same session as seen from inside the sandbox (through its proxy route), without
-    ``/v1``: what a CLI's ``ANTHROPIC_BASE_URL`` / ``OPENAI_BASE_URL`` is set to."""
-    context_length: int = 8192
-    """The model's context window in tokens (drives compaction)."""
-    calls: Any = None
-    """The proxy's ``RecordTap`` (``calls(session)``, ``wait_for(...)``, ``inflight(session)``),
-    when the proxy runs in this process: a CLI agent learns its model-turn boundaries from it."""
-
-    def __post_init__(self) -> None:
-        if self.api not in API_KINDS:
-            raise ValueError(f"ModelEndpoint.api must be one of {API_KINDS}, got {self.api!r}")
-
-
-class WaterLevel:
-    """Live counts of episodes per phase, readable by a scheduler from any thread.
-
-    ``snapshot()`` returns a consistent copy: how many episodes wait on the model, run
-    tools, are scored, are being set up, and how many are queued to start.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(PHASES, 0)
-        self._queued = 0
-        self._running = 0
-
-    def enter(self, phase: str) -> None:
-        with self._lock:
-            self._counts[phase] += 1
-
-    def leave(self, phase: str) -> None:
-        with self._lock:
-            self._counts[phase] -= 1
-
-    def move(self, old: str | None, new: str | None) -> None:
-        with self._lock:
-            if old is not None:
-                self._counts[old] -= 1
-            if new is not None:
-                self._counts[new] += 1
-
-    def set_queued(self, n: int) -> None:
-        with self._lock:
-            self._queued = n
-
-    def add_running(self, delta: int) -> None:
-        with self._lock:
-            self._running += delta
-
-    def snapshot(self) -> dict[str, Any]:
-        """``{"model", "tool", "scoring", "setup", "agent", "running", "queued", "time"}``."""
-        with self._lock:
-            snap: dict[str, Any] = dict(self._counts)
-            snap["running"] = self._running
-            snap["queued"] = self._queued
-        snap["time"] = time.time()
-        return snap
-
-
 class EpisodeClock:
     """Splits one episode's wall time into ``PHASES``; time goes to the innermost phase.
 
     Phases nest (a sub-agent's model calls inside the main agent's tool call count as
-    ``model``). The clock also keeps the episode's ``WaterLevel`` entry current.
+    ``model``). The clock also keeps the episode's entry in the runner's ``PhaseCounts`` current.
     """
 
-    def __init__(self, waterlevel: WaterLevel | None = None, initial: str = "agent"):
+    def __init__(self, waterlevel: PhaseCounts | None = None, initial: str = "agent"):
         self.waterlevel = waterlevel
         self.totals = dict.fromkeys(PHASES, 0.0)
         self._stack: list[str] = []

@@ -14,9 +14,10 @@ from gyre_env.agents.base import (
     EpisodeClock,
     EpisodeEnded,
     LimitsExceeded,
-    ModelEndpoint,
     StepRecord,
 )
+
+from gyre_env.proxy.endpoint import ModelEndpoint
 
 SUBMIT = {"name": "submit", "arguments": {}}
 

@@ -15,6 +15,10 @@ _COMMAND_MODULES = [
     "gyre_env.train.cli",
     "gyre_env.sim.cli",
 ]
+# Subcommands a folder adds under another module's command: module -> the command module
+# whose add_commands returned the subparsers they go on (`gyre tasks check` needs sandboxes
+# and scoring, which tasks/ does not import).
+_SUBCOMMAND_MODULES = {"gyre_env.scoring.cli": "gyre_env.tasks.cli"}
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -23,8 +27,9 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     import importlib
 
-    for module in _COMMAND_MODULES:
-        importlib.import_module(module).add_commands(sub)
+    added = {m: importlib.import_module(m).add_commands(sub) for m in _COMMAND_MODULES}
+    for module, parent in _SUBCOMMAND_MODULES.items():
+        importlib.import_module(module).add_commands(added[parent])
     return parser
 
 

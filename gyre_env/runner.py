@@ -3,7 +3,7 @@
 Episodes run on a thread pool (their work is I/O: sandbox commands and model calls) up to
 a concurrency limit; none waits for another (no lockstep). Each episode gets a fresh env,
 a model endpoint of its own (a proxy session) and an :class:`EpisodeClock` that splits its
-wall time into setup, model, tool, scoring and agent time. A :class:`WaterLevel` counts,
+wall time into setup, model, tool, scoring and agent time. A :class:`PhaseCounts` counts,
 live, how many episodes wait on the model vs run tools: a scheduler reads ``snapshot()``.
 
 Limits and failures:
@@ -37,10 +37,10 @@ from gyre_env.agents.base import (
     AgentStop,
     EndReason,
     EpisodeClock,
-    ModelEndpoint,
-    WaterLevel,
 )
 from gyre_env.agents.context import EpisodeContext
+from gyre_env.phases import PhaseCounts
+from gyre_env.proxy.endpoint import ModelEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +248,7 @@ class Runner:
         endpoint_factory: EndpointFactory | None = None,
         sink: ResultSink | None = None,
         on_result: Callable[[EpisodeResult], None] | None = None,
-        waterlevel: WaterLevel | None = None,
+        waterlevel: PhaseCounts | None = None,
         release_endpoint: Callable[[str], None] | None = None,
     ):
         """``endpoint_factory(session)`` gives each attempt its model endpoint and
@@ -260,7 +260,7 @@ class Runner:
         self.endpoint_factory = endpoint_factory
         self.sink = sink
         self.on_result = on_result
-        self.waterlevel = waterlevel or WaterLevel()
+        self.waterlevel = waterlevel or PhaseCounts()
         self._cancel = threading.Event()
         self._active: dict[str, tuple[EpisodeContext, float]] = {}
         self._active_lock = threading.Lock()

@@ -11,10 +11,11 @@ import time
 
 import pytest
 from gyre_env.agents import GoldAgent, ScriptedAgent
-from gyre_env.agents.base import EpisodeClock, WaterLevel
+from gyre_env.agents.base import EpisodeClock
 from gyre_env.agents.scripted import gold_actions
 
 from gyre_env.bench.summary import summarize
+from gyre_env.phases import PhaseCounts
 from gyre_env.runner import EpisodeSpec, Runner, RunnerConfig
 from gyre_env.tasks import get_task
 
@@ -178,7 +179,7 @@ def test_cancel_stops_running_episodes_and_frees_their_sandboxes():
 
 
 def test_clock_nests_phases_and_rejects_unknown_ones():
-    level = WaterLevel()
+    level = PhaseCounts()
     clock = EpisodeClock(level)
     with clock.phase("tool"):
         with clock.phase("model"):  # a sub-agent's model call inside a tool call

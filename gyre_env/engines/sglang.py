@@ -373,7 +373,7 @@ class SGLangEngine:
         return chunk, total
 
     def _version_of(self, meta: dict) -> int:
-        version = _parse_version(meta.get("weight_version"))
+        version = parse_version(meta.get("weight_version"))
         return self._weight_version if version is None else version
 
     # ---------------------------------------------------------------- control
@@ -480,7 +480,7 @@ class SGLangEngine:
             out = await self._request("GET", "/get_weight_version")
         except EngineError:
             out = await self._request("GET", "/get_model_info")
-        version = _parse_version(out.get("weight_version") if isinstance(out, dict) else None)
+        version = parse_version(out.get("weight_version") if isinstance(out, dict) else None)
         if version is not None:
             self._weight_version = version
         return self._weight_version
@@ -528,7 +528,8 @@ def _finish_reason(reason) -> str:
     return kind if kind in ("stop", "length", "abort") else "abort"
 
 
-def _parse_version(value) -> int | None:
+def parse_version(value) -> int | None:
+    """A weight version as SGLang reports it (``"3"``, ``3``, missing) -> ``int`` or None."""
     try:
         return int(value)
     except (TypeError, ValueError):

@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 
 from gyre_env._optional import require
+from gyre_env.paths import cache_root
 
 TINY_MODEL_NAME = "tiny-v1"
 BUILD_RECIPE = 3
@@ -142,12 +143,6 @@ class TinyModelConfig:
         blob = json.dumps(asdict(self), sort_keys=True) + _corpus_text() + CHAT_TEMPLATE
         blob += f"recipe-{BUILD_RECIPE}"
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def cache_root() -> Path:
-    """``$GYRE_CACHE`` if set, else ``~/.cache/gyre``."""
-    env = os.environ.get("GYRE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "gyre"
 
 
 def tiny_model_path(config: TinyModelConfig | None = None, root: str | Path | None = None) -> Path:

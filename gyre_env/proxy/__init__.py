@@ -12,7 +12,7 @@ Start one in-process and give each episode its own base URL::
 
 For rollouts, ``ModelService`` (``gyre_env.proxy.serving``) hosts the model: the proxy, its
 engine (or an upstream API), the record tap and the sandbox route, and hands each episode's
-agent a ``ModelEndpoint``.
+agent a ``ModelEndpoint`` (``gyre_env.proxy.endpoint``).
 
 Names are imported on first use, so ``import gyre_env.proxy`` stays light.
 """
@@ -31,6 +31,7 @@ _EXPORTS = {
     "ScriptedEngine": "gyre_env.proxy.scripted",
     "ModelService": "gyre_env.proxy.serving",
     "ModelServiceConfig": "gyre_env.proxy.serving",
+    "ModelEndpoint": "gyre_env.proxy.endpoint",
     "UpstreamConfig": "gyre_env.proxy.passthrough",
     "CallContext": "gyre_env.proxy.sessions",
     "default_classifier": "gyre_env.proxy.sessions",

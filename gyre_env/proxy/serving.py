@@ -11,8 +11,6 @@ finish (model-turn boundaries).
 Sandboxes reach the proxy through a Unix socket (``route_socket``), which a sandbox
 mounts at ``/run/gyre`` (see ``gyre_env.sandbox.route``); a relay thread here connects
 that socket to the proxy's loopback TCP port.
-
-(``gyre_env.agents.serving`` re-exports these names for old imports.)
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from gyre_env.agents.base import API_KINDS, ModelEndpoint
+from gyre_env.proxy.endpoint import API_KINDS, ModelEndpoint
 from gyre_env.proxy.records import CallRecord, JsonlSink, RecordSink
 
 log = logging.getLogger(__name__)

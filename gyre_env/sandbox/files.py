@@ -21,7 +21,7 @@ from gyre_env.sandbox.base import (
     SandboxError,
 )
 from gyre_env.sandbox.shell import PersistentShell, shell_quote
-from gyre_env.sandbox.untar import safe_extract
+from gyre_env.tasks.archive import safe_extract
 
 _OUTSIDE = 97
 _MISSING = 98

@@ -1,50 +1,33 @@
-"""`gyre tasks list` and `gyre tasks check` (the gold preflight)."""
+"""`gyre tasks list` and `gyre tasks show`, and the helpers every `--suite` command shares.
+
+`gyre tasks check` (the gold preflight) needs sandboxes, so it is registered by
+:mod:`gyre_env.scoring.cli` on the subparsers ``add_commands`` returns: a task is data,
+and tasks/ imports no sandbox or scoring."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-import time
-
-from gyre_env.sandbox import BACKENDS
 
 
-def add_commands(sub) -> None:
-    """Register ``gyre tasks ...`` on the ``gyre`` command's subparsers."""
+def add_commands(sub):
+    """Register ``gyre tasks ...`` on the ``gyre`` command's subparsers; returns the
+    ``gyre tasks`` subparsers, for subcommands other folders add (``check``)."""
     tasks = sub.add_parser("tasks", help="list and check task suites")
     tsub = tasks.add_subparsers(dest="tasks_command", required=True)
 
     ls = tsub.add_parser("list", help="one line per task: id, tier, domain, tests, spec words")
-    _suite_args(ls)
+    add_suite_args(ls)
     ls.set_defaults(func=_cmd_list)
 
-    check = tsub.add_parser(
-        "check", help="grade each task's gold solution and an empty workspace in sandboxes"
-    )
-    _suite_args(check)
-    check.add_argument("--task", action="append", default=[], help="only this task id (repeatable)")
-    check.add_argument("--jobs", type=int, default=None, help="tasks checked in parallel")
-    check.add_argument(
-        "--backend",
-        choices=("auto", *BACKENDS),
-        default="auto",
-        help="sandbox backend, as for episodes (default auto: $GYRE_SANDBOX, else docker, "
-        "else bwrap, else local)",
-    )
-    check.add_argument(
-        "--no-gold-ok",
-        action="store_true",
-        help="accept tasks without a gold solution: only the empty run is checked",
-    )
-    check.set_defaults(func=_cmd_check)
-
     show = tsub.add_parser("show", help="print a task's metadata and spec")
-    _suite_args(show)
+    add_suite_args(show)
     show.add_argument("task", help="task id")
     show.set_defaults(func=_cmd_show)
+    return tsub
 
 
-def _suite_args(p: argparse.ArgumentParser) -> None:
+def add_suite_args(p: argparse.ArgumentParser) -> None:
+    """``--suite``, ``--tier`` and ``-o``: which tasks a command loads."""
     p.add_argument("--suite", default="builtin", help="suite name or folder (default: builtin)")
     p.add_argument("--tier", choices=("micro", "small", "repo"), help="only tasks of this tier")
     add_option_arg(p)
@@ -107,40 +90,6 @@ def _cmd_list(args) -> int:
     print(format_table(rows, right=(3, 4)))
     print(f"{len(tasks)} tasks, {sum(t.test_count for t in tasks)} tests")
     return 0
-
-
-def _cmd_check(args) -> int:
-    from gyre_env.sandbox import choose_backend
-    from gyre_env.scoring.preflight import check_tasks
-
-    tasks = load_tasks_from_args(args)
-    backend = choose_backend(args.backend)
-    start = time.monotonic()
-    failed = 0
-    results = check_tasks(
-        tasks, workers=args.jobs, require_gold=not args.no_gold_ok, backend=backend
-    )
-    for result in results:
-        t = result.task
-        gold = (
-            f"gold {result.gold.passed}/{t.test_count} passed, {result.gold.collected} collected"
-            if result.gold
-            else "no gold"
-        )
-        line = f"{t.id}: {gold}; empty {result.empty.passed}/{t.test_count}"
-        if result.visible is not None:
-            line += f"; visible {result.visible.counts.passed}/{result.visible.counts.collected}"
-        if result.ok:
-            print(f"PASS {line}")
-        else:
-            failed += 1
-            print(f"FAIL {line}: {'; '.join(result.problems)}")
-            if result.gold and result.gold.score < 1.0:
-                for run in result.gold.commands:
-                    print(f"$ {run.command}\n[exit {run.exit_code}]\n{run.output}", file=sys.stderr)
-    took = time.monotonic() - start
-    print(f"{len(tasks) - failed} passed, {failed} failed in {took:.1f}s (sandbox: {backend})")
-    return 1 if failed else 0
 
 
 def _cmd_show(args) -> int:

@@ -29,6 +29,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from gyre_env.paths import cache_root
 from gyre_env.tasks.task import Task, load_task
 
 SPLITS = ("train", "heldout")
@@ -619,8 +620,6 @@ def render(v: Variant) -> dict[str, str]:
 
 def default_root() -> Path:
     """Where generated task folders live: ``cache_root()/tasks/nano``."""
-    from gyre_env.engines.tiny import cache_root
-
     return cache_root() / "tasks" / "nano"
 
 

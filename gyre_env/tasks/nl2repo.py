@@ -44,7 +44,7 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from gyre_env.sandbox.untar import safe_extract
+from gyre_env.tasks.archive import safe_extract
 from gyre_env.tasks.task import Task, TaskFormatError, list_files
 
 _TOOLING = {"python", "pip", "setuptools", "wheel", "distribute"}

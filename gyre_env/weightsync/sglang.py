@@ -78,13 +78,13 @@ class SGLangSyncConfig(SyncConfig):
 async def _server_version(engine: SGLangEngine) -> int | None:
     """The weight version the server itself reports (not the client's cached one)."""
     from gyre_env.engines.base import EngineError
-    from gyre_env.engines.sglang import _parse_version
+    from gyre_env.engines.sglang import parse_version
 
     try:
         out = await engine._request("GET", "/get_weight_version")
     except EngineError:  # older servers
         out = await engine._request("GET", "/get_model_info")
-    return _parse_version(out.get("weight_version") if isinstance(out, dict) else None)
+    return parse_version(out.get("weight_version") if isinstance(out, dict) else None)
 
 
 class SGLangPublisher:

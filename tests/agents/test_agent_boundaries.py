@@ -1,6 +1,5 @@
 """Agents see two things: a ``ModelEndpoint`` and the env's agent API. The model is hosted
-on the proxy side (``gyre_env.proxy.serving``; the old ``gyre_env.agents.serving`` import
-still works), and an env that has nothing but that API (``task_spec``, ``sandbox_handle``,
+on the proxy side (``gyre_env.proxy.serving``), which imports no agent, and an env that has nothing but that API (``task_spec``, ``sandbox_handle``,
 ``interim_reward``, ``step``) plays the gold and the CLI agent through the runner, while
 it records every attribute anything outside this file reads on it."""
 
@@ -8,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 import sys
 import urllib.request
@@ -104,18 +104,17 @@ def _run(agent, kwargs, **runner_kw):
     return result
 
 
-def test_old_serving_import_is_the_proxy_sides_model_hosting():
-    from gyre_env.agents import serving as old
+def test_agents_build_no_model_and_the_proxy_imports_no_agent():
+    import gyre_env.agents as agents
 
-    from gyre_env.proxy import serving as new
+    import gyre_env.proxy as proxy
 
-    for name in old.__all__:
-        assert getattr(old, name) is getattr(new, name), name
-    agents_dir = Path(old.__file__).parent
-    for path in agents_dir.glob("*.py"):  # no agent builds an engine or a proxy
-        if path.name != "serving.py":
-            text = path.read_text()
-            assert "gyre_env.engines" not in text and "ProxyServer" not in text, path.name
+    assert agents.ModelEndpoint is proxy.ModelEndpoint  # the proxy's, re-exported
+    for path in Path(agents.__file__).parent.glob("*.py"):  # no agent builds an engine or a proxy
+        text = path.read_text()
+        assert "gyre_env.engines" not in text and "ProxyServer" not in text, path.name
+    for path in Path(proxy.__file__).parent.glob("*.py"):  # the proxy serves any agent
+        assert not re.search(r"^\s*(from|import) gyre_env\.agents", path.read_text(), re.M), path
 
 
 def test_endpoints_carry_their_api(scripted_service):

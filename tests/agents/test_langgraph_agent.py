@@ -103,7 +103,7 @@ def test_tools_subagent_and_compaction_branches(tmp_path, scripted_service, tool
 def test_dead_model_endpoint_is_an_infra_error_not_a_zero():
     """A model endpoint nobody answers: the agent ends with ``model_error``, the runner
     retries the episode, and the result is ``infra_error`` with no score."""
-    from gyre_env.agents.base import ModelEndpoint
+    from gyre_env.proxy.endpoint import ModelEndpoint
 
     def endpoint(session):  # port 9 (discard): nothing listens there
         return ModelEndpoint(base_url="http://127.0.0.1:9/v1", session=session)

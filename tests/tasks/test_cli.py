@@ -1,14 +1,13 @@
-"""`gyre tasks list` and `gyre tasks check` through their argparse entry points."""
+"""`gyre tasks list` and `gyre tasks show` through their argparse entry points
+(`gyre tasks check` is scoring's: tests/scoring/test_check_cli.py)."""
 
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
 import pytest
 
-from gyre_env.tasks import builtin_suite_dir
 from gyre_env.tasks.cli import add_commands
 
 
@@ -33,23 +32,6 @@ def test_list_tier_filter(capsys):
     out = capsys.readouterr().out
     assert "repo-minikv" in out and "micro-lru-cache" not in out
     assert out.splitlines()[-1].startswith("2 tasks")
-
-
-def test_check_one_task_passes(capsys):
-    assert gyre("tasks", "check", "--task", "micro-roman-numerals") == 0
-    out = capsys.readouterr().out
-    assert "PASS micro-roman-numerals: gold 10/10 passed, 10 collected; empty 0/10" in out
-    assert "1 passed, 0 failed" in out
-
-
-def test_check_fails_on_broken_suite_folder(tmp_path, capsys):
-    suite = tmp_path / "suite"
-    shutil.copytree(builtin_suite_dir() / "micro-rational", suite / "micro-rational")
-    gold = suite / "micro-rational" / "gold" / "rational.py"
-    gold.write_text(gold.read_text().replace("return Rational(-self._n, self._d)", "return self"))
-    assert gyre("tasks", "check", "--suite", str(suite)) == 1
-    out = capsys.readouterr().out
-    assert "FAIL micro-rational" in out and "0 passed, 1 failed" in out
 
 
 def test_unknown_suite_and_bad_option():

@@ -11,7 +11,7 @@ import tarfile
 
 import pytest
 
-from gyre_env.sandbox import untar
+from gyre_env.tasks import archive
 
 
 def _archive(*members) -> tarfile.TarFile:
@@ -41,7 +41,7 @@ def extract(request, monkeypatch):
         monkeypatch.delattr(tarfile, "data_filter", raising=False)
     elif not hasattr(tarfile, "data_filter"):
         pytest.skip("this interpreter has no tarfile.data_filter")
-    return untar.safe_extract
+    return archive.safe_extract
 
 
 def test_ordinary_trees_come_out_whole(extract, tmp_path):
