@@ -10,7 +10,9 @@ The graph::
 
 - ``model`` calls LangChain's ``ChatOpenAI`` pointed at the episode's proxy session, with
   the env's tools (``info["tools"]``) bound, plus a ``subagent`` tool.
-- ``tools`` executes each call with ``env.step`` (through ``EpisodeContext.step``).
+- ``tools`` executes each call with ``env.step`` (through ``EpisodeContext.step``) and puts
+  the observation in the conversation as it is: the env has already cut it to its one
+  output limit (``NL2RepoConfig.max_output_chars``), with a marker the model can read.
 - ``summarize`` compacts the history when the last prompt used more than
   ``compact_fraction`` of the model's window: it asks the model for a summary of the
   conversation so far (that request extends the main context, so the proxy records it as
@@ -87,8 +89,6 @@ class LangGraphAgentConfig:
     subagent: bool = True
     """Offer the ``subagent`` tool."""
     subagent_max_steps: int = 8
-    max_observation_chars: int = 8000
-    """Tool output kept in the conversation (head and tail)."""
     request_timeout_s: float = 300.0
     model_retries: int = 2
     """Retries of a failed HTTP call (done by the OpenAI client)."""
@@ -285,7 +285,7 @@ class _EpisodeGraph:
                     "end_message": f"{steps} steps",
                 }
             text = self._execute(call)
-            out.append(_tool_message(call["id"], _clip(text, self.cfg.max_observation_chars)))
+            out.append(_tool_message(call["id"], text))
             steps += 1
             if call["name"] == "submit" or self.ctx.done:
                 reason = EndReason.SUBMITTED if call["name"] == "submit" else EndReason.ENV_ENDED
@@ -465,13 +465,6 @@ def _tool_message(call_id: Any, text: str):
     from langchain_core.messages import ToolMessage
 
     return ToolMessage(content=text, tool_call_id=str(call_id or "call_invalid"))
-
-
-def _clip(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]}\n… [{len(text) - limit} characters cut] …\n{text[-half:]}"
 
 
 def _text(content: Any) -> str:

@@ -61,8 +61,6 @@ from gyre_env.tasks.task import TaskSetupError
 
 log = logging.getLogger(__name__)
 
-MAX_OBSERVATION_CHARS = 1 << 22
-
 
 class EnvInfraError(RuntimeError):
     """The env could not set up an episode for reasons outside the agent (no sandbox, a
@@ -98,8 +96,11 @@ class NL2RepoConfig:
     """Wall-clock limit per episode; default: the task's ``wall_clock_s``."""
     bash_timeout_s: float = 120.0
     """Longest a single ``bash`` call may run."""
-    max_output_chars: int = 30_000
-    """Tool outputs longer than this keep their head and tail."""
+    max_output_chars: int = T.DEFAULT_MAX_OUTPUT_CHARS
+    """The one limit on a step's observation: one longer than this many characters keeps
+    its head and tail around a marker stating how many characters were omitted and this
+    limit (``tools.clip``). The tools' descriptions state it; the sandbox's byte cap is
+    raised to hold it; the observation space is sized from it."""
     tools: list[str] | None = None
     """Only these tools (names from ``tools.TOOLS``), e.g. ``["write_file", "submit"]``;
     None offers all. ``info["tools"]`` carries only these; others are refused like
@@ -117,6 +118,17 @@ class NL2RepoConfig:
         if self.tier is not None and self.tier not in TIERS:
             raise ValueError(f"tier {self.tier!r} is not one of {TIERS}")
         T.select_tools(self.tools)  # unknown names fail here, naming the known ones
+        if self.max_output_chars < T.MIN_OUTPUT_CHARS:
+            raise ValueError(
+                f"max_output_chars must be >= {T.MIN_OUTPUT_CHARS}, got {self.max_output_chars}"
+            )
+        cap = self.sandbox.get("output_limit")
+        if cap is not None and cap < T.sandbox_output_limit(self.max_output_chars):
+            raise ValueError(
+                f"sandbox output_limit {cap} bytes cannot hold max_output_chars="
+                f"{self.max_output_chars} at both ends of a stream; leave it unset or make "
+                f"it >= {T.sandbox_output_limit(self.max_output_chars)}"
+            )
         if isinstance(self.potential, dict):
             self.potential = _nested(
                 PotentialConfig, self.potential, "NL2RepoEnv potential options"
@@ -176,10 +188,13 @@ class NL2RepoEnv(gym.Env):
             raise ValueError(f"render_mode {render_mode!r} is not supported; use 'ansi' or None")
         self.render_mode = render_mode
         self.tasks = load_tasks(self.config, tasks)
-        offered = T.select_tools(self.config.tools)
+        offered = T.select_tools(self.config.tools, self.config.max_output_chars)
         self.tool_schemas = [{k: v for k, v in t.items() if k != "examples"} for t in offered]
         self.action_space = ToolCallSpace(offered)
-        self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
+        # A step's observation is cut to max_output_chars; a reset's is the task's prompt,
+        # never cut. The space holds the longest of either, so it rejects no observation.
+        longest_prompt = max(len(self._prompt(t, *self._limits(t))) for t in self.tasks)
+        self.observation_space = UnicodeText(max(self.config.max_output_chars, longest_prompt))
         self.sandbox = None
         self.task: Task | None = None
         self.last_grading: GradingResult | None = None
@@ -217,8 +232,7 @@ class NL2RepoEnv(gym.Env):
         self.task, self.last_grading = task, None
         self.sandbox = self._start(task)
         self.steps = 0
-        self.max_steps = self.config.max_steps or task.max_steps
-        self.wall_clock_s = self.config.wall_clock_s or task.wall_clock_s
+        self.max_steps, self.wall_clock_s = self._limits(task)
         self.rewards = RewardTracker(self.config.reward_mode)
         self.scorer = None
         if self.config.reward_mode != "sparse":
@@ -226,7 +240,7 @@ class NL2RepoEnv(gym.Env):
         self._potential = None
         self._done = False
         self._started = time.monotonic()
-        self._last_obs = self._prompt(task)
+        self._last_obs = self._prompt(task, self.max_steps, self.wall_clock_s)
         info = self._info(tool=None, ok=True, error=None, reward=0.0, outcome=None)
         info["tools"] = copy.deepcopy(self.tool_schemas)
         return self._last_obs, info
@@ -235,7 +249,13 @@ class NL2RepoEnv(gym.Env):
         from gyre_env.sandbox import ImageNotFoundError, SandboxConfig, make_sandbox
         from gyre_env.sandbox.pool import shared_pool
 
-        config = SandboxConfig.from_dict({**self.config.sandbox, "image": task.image})
+        config = SandboxConfig.from_dict(
+            {
+                "output_limit": T.sandbox_output_limit(self.config.max_output_chars),
+                **self.config.sandbox,
+                "image": task.image,
+            }
+        )
         try:
             if self.config.warm_pool > 0:
                 pool = shared_pool(config, self.config.sandbox_backend, self.config.warm_pool)
@@ -269,7 +289,14 @@ class NL2RepoEnv(gym.Env):
             command = build_command(self.config.suite, self.config.suite_kwargs, task.id)
         return f"image {error.image!r} of task {task.id!r} not found; build it with `{command}`"
 
-    def _prompt(self, task: Task) -> str:
+    def _limits(self, task: Task) -> tuple[int, float]:
+        """An episode's step and wall-clock limits: the config's, else the task's."""
+        return (
+            self.config.max_steps or task.max_steps,
+            self.config.wall_clock_s or task.wall_clock_s,
+        )
+
+    def _prompt(self, task: Task, max_steps: int, wall_clock_s: float) -> str:
         names = ", ".join(t["name"] for t in self.tool_schemas)
         if task.tier == "nano":  # every prompt token costs a tiny model's trainer time
             return f"Use the tools ({names}) to do this, then submit.\n\n{task.spec}"
@@ -281,8 +308,8 @@ class NL2RepoEnv(gym.Env):
             # No absolute path here: it differs between sandboxes, the prompt must not.
             "You are in an empty workspace (commands and file paths start there). Implement "
             "the specification below as files in this workspace. Hidden tests will grade your "
-            f"work when you call `submit` (or when the limits run out: {self.max_steps} "
-            f"steps, {self.wall_clock_s:.0f} seconds). {visible}Tools: {names}. There is "
+            f"work when you call `submit` (or when the limits run out: {max_steps} "
+            f"steps, {wall_clock_s:.0f} seconds). {visible}Tools: {names}. There is "
             "no network access.\n\n# Specification\n\n" + task.spec
         )
 
@@ -321,9 +348,13 @@ class NL2RepoEnv(gym.Env):
             reward = self.rewards.step(phi)
         except SandboxError as e:
             return self._infra_failure(f"the agent's sandbox failed: {e}", tool=name)
-        self._last_obs = clip_obs(out.text)
+        self._last_obs = self._observe(out.text, out.omitted)
         info = self._info(
-            tool=name, ok=out.ok, error=None if out.ok else out.text, reward=reward, outcome=None
+            tool=name,
+            ok=out.ok,
+            error=None if out.ok else self._last_obs,
+            reward=reward,
+            outcome=None,
         )
         return self._last_obs, reward, False, False, info
 
@@ -369,9 +400,7 @@ class NL2RepoEnv(gym.Env):
         if not self.task.has_visible_tests:
             return T.ToolOutput("Error: this task has no visible tests.", ok=False)
         run = run_visible_tests(self.sandbox, self.task, self.config.potential.tests_timeout_s)
-        return T.ToolOutput(
-            run.render(self.config.max_output_chars), ok=not run.problems, visible=run
-        )
+        return T.ToolOutput(run.render(), ok=not run.problems, visible=run)
 
     # -- limits ------------------------------------------------------------------------
 
@@ -379,9 +408,10 @@ class NL2RepoEnv(gym.Env):
     def bash_timeout_s(self) -> float:
         return self.config.bash_timeout_s
 
-    @property
-    def max_output_chars(self) -> int:
-        return self.config.max_output_chars
+    def _observe(self, text: str, omitted: int = 0) -> str:
+        """A step's observation: ``text`` cut to ``max_output_chars``, the one place a tool's
+        output is cut (``omitted``: characters the sandbox already dropped from it)."""
+        return T.clip(text, self.config.max_output_chars, omitted)
 
     def time_left_s(self) -> float:
         return self.wall_clock_s - (time.monotonic() - self._started)
@@ -408,6 +438,7 @@ class NL2RepoEnv(gym.Env):
             outcome = "success" if grading.score >= self.config.success_threshold else "failure"
         reward = self.rewards.final(grading.score)
         text = (tool_output.text + "\n\n") if tool_output is not None else ""
+        omitted = tool_output.omitted if tool_output is not None else 0
         why = "Submitted." if submitted else "Limit reached: the episode was cut and graded."
         text += (
             f"{why} Hidden tests: {grading.passed} of {grading.declared} passed; "
@@ -415,7 +446,7 @@ class NL2RepoEnv(gym.Env):
         )
         if grading.status == "workspace_error":
             text += f" The workspace broke the grading run: {grading.reason}"
-        self._last_obs = clip_obs(text)
+        self._last_obs = self._observe(text, omitted)
         info = self._info(
             tool=tool, ok=True, error=None, reward=reward, outcome=outcome, grading=grading
         )
@@ -425,12 +456,14 @@ class NL2RepoEnv(gym.Env):
         log.warning("infra_error in %s: %s", self.task.id if self.task else "?", reason)
         self._release()
         self._done = True
-        self._last_obs = f"The episode stopped because of an infrastructure failure: {reason}"
+        self._last_obs = self._observe(
+            f"The episode stopped because of an infrastructure failure: {reason}"
+        )
         info = self._info(
             tool=tool, ok=False, error=reason, reward=0.0, outcome="infra_error", grading=grading
         )
         info["reward_valid"] = False
-        return clip_obs(self._last_obs), 0.0, False, True, info
+        return self._last_obs, 0.0, False, True, info
 
     def _grading_config(self) -> GradingConfig:
         cfg = self.config.grading
@@ -492,7 +525,3 @@ class NL2RepoEnv(gym.Env):
         self._release()
         self._done = True
         self._closed = True
-
-
-def clip_obs(text: str) -> str:
-    return T.clip(text, MAX_OBSERVATION_CHARS)

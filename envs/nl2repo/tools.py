@@ -3,14 +3,38 @@
 Every tool returns a ``ToolOutput``: text for the agent plus whether the call worked. A
 mistake the agent can fix (a missing file, a path outside the workspace, an ambiguous
 edit) is an ``ok=False`` output, never an exception. Only a sandbox that died raises.
+
+Handlers return their whole output; the env cuts each observation once, with ``clip``, to
+``max_output_chars`` (default ``DEFAULT_MAX_OUTPUT_CHARS``), and the descriptions of the
+tools with long outputs state that limit (``select_tools``).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from gyre_env.sandbox import PathOutsideWorkspaceError, SandboxError
+from gyre_env.sandbox.base import DEFAULT_OUTPUT_LIMIT
 from gyre_env.sandbox.shell import shell_quote
+
+DEFAULT_MAX_OUTPUT_CHARS = 30_000
+"""The one limit on what a tool call shows the model: an observation longer than this many
+characters keeps its head and tail around a marker saying how much was cut (``clip``).
+The default of ``NL2RepoConfig.max_output_chars``; the sandbox's byte cap is raised to fit
+it (``sandbox_output_limit``) and the observation space is sized from it."""
+
+MIN_OUTPUT_CHARS = 1000
+"""The smallest ``max_output_chars``: room for the marker and some head and tail."""
+
+OUTPUT_NOTE = (
+    "Output over {limit:,} characters is cut in the middle: its head and tail are kept "
+    "around a line saying how many characters were omitted."
+)
+"""Appended to the description of each tool whose output can be long, so the model knows
+the limit before it meets it."""
+
+_LONG_OUTPUT_TOOLS = ("bash", "read_file", "list_dir", "run_tests")
 
 _PATH_EXAMPLES = ["main.py", "pkg/__init__.py", "notes.txt", "tests/test_main.py"]
 
@@ -106,17 +130,23 @@ TOOLS: list[dict] = [
 ]
 
 
-def select_tools(names: list[str] | None) -> list[dict]:
-    """The schemas of the tools ``names`` (in ``TOOLS`` order); None: all of them."""
-    if names is None:
-        return list(TOOLS)
+def select_tools(
+    names: list[str] | None, max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
+) -> list[dict]:
+    """The schemas of the tools ``names`` (in ``TOOLS`` order; None: all of them), copies
+    whose descriptions state the output limit ``max_output_chars``."""
     known = [t["name"] for t in TOOLS]
-    if isinstance(names, str) or not names:
-        raise ValueError(f"tools must be a non-empty list of tool names from {known}")
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"unknown tools {unknown}; known tools: {known}")
-    return [t for t in TOOLS if t["name"] in names]
+    if names is not None:
+        if isinstance(names, str) or not names:
+            raise ValueError(f"tools must be a non-empty list of tool names from {known}")
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(f"unknown tools {unknown}; known tools: {known}")
+    chosen = [copy.deepcopy(t) for t in TOOLS if names is None or t["name"] in names]
+    for tool in chosen:
+        if tool["name"] in _LONG_OUTPUT_TOOLS:
+            tool["description"] += " " + OUTPUT_NOTE.format(limit=max_output_chars)
+    return chosen
 
 
 MUTATING_TOOLS = frozenset({"bash", "write_file", "str_replace"})
@@ -125,18 +155,48 @@ MUTATING_TOOLS = frozenset({"bash", "write_file", "str_replace"})
 
 @dataclass
 class ToolOutput:
+    """What a tool call produced, before the env cuts it to its limit (``clip``)."""
+
     text: str
     ok: bool = True
     visible: object = None
     """The ``VisibleRun`` behind a ``run_tests`` output (reused for Φ)."""
+    omitted: int = 0
+    """Characters the sandbox already dropped from the middle of ``text`` (its memory cap,
+    always inside what ``clip`` cuts): counted in the marker."""
 
 
-def clip(text: str, limit: int) -> str:
-    """Keep the head and tail of ``text`` within ``limit`` characters, saying what was cut."""
-    if len(text) <= limit:
+def truncation_marker(omitted: int, total: int, limit: int) -> str:
+    """The line that stands where ``clip`` cut characters out of a tool output."""
+    return f"[output truncated: {omitted:,} of {total:,} characters omitted; limit {limit:,}]"
+
+
+def clip(text: str, limit: int, omitted: int = 0) -> str:
+    """``text`` if it fits in ``limit`` characters, else its head and tail around a marker
+    line, all within ``limit``. The only place a tool output is cut.
+
+    ``omitted`` counts characters already dropped from the middle of ``text`` (by the
+    sandbox's memory cap, which keeps more than ``limit`` characters at each end, so that
+    gap is always inside the cut): the marker states the whole output's length and how
+    much of it is not shown.
+    """
+    if len(text) <= limit and not omitted:
         return text
-    half = max(limit // 2 - 60, 0)
-    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+    total = len(text) + omitted
+    # The marker's length depends on the count it states; size the kept part for the
+    # longest count (the whole output), then state the true one (never longer).
+    room = max(limit - len(truncation_marker(total, total, limit)) - 2, 0)
+    head = min(room - room // 2, len(text))
+    tail = min(room // 2, len(text) - head)  # (no overlap, should the sandbox's gap be all)
+    marker = truncation_marker(total - head - tail, total, limit)
+    return f"{text[:head]}\n{marker}\n{text[len(text) - tail :] if tail else ''}"
+
+
+def sandbox_output_limit(max_output_chars: int) -> int:
+    """The sandbox byte cap (``SandboxConfig.output_limit``) that keeps at least
+    ``max_output_chars`` characters at each end of a stream (a character is at most four
+    bytes), so the sandbox never drops what ``clip`` would show."""
+    return max(DEFAULT_OUTPUT_LIMIT, 8 * max_output_chars + 64)
 
 
 def _fail(text: str) -> ToolOutput:
@@ -172,11 +232,11 @@ def run_bash(sandbox, args, limits) -> ToolOutput:
     text = result.output
     if result.timed_out:
         text += f"\n[command timed out after {timeout:.0f}s and was killed]"
-    text = clip(text, limits.max_output_chars)
     return ToolOutput(
         f"{text}{'' if text.endswith(chr(10)) or not text else chr(10)}"
         f"[exit code {result.exit_code}]",
         ok=result.ok,
+        omitted=result.stdout_omitted + result.stderr_omitted,
     )
 
 
@@ -190,7 +250,7 @@ def read_file(sandbox, args, limits) -> ToolOutput:
     if start is not None or end is not None:
         lines = text.splitlines(keepends=True)
         text = "".join(lines[(start or 1) - 1 : end])
-    return ToolOutput(clip(text, limits.max_output_chars))
+    return ToolOutput(text)
 
 
 @_file_errors
@@ -240,7 +300,7 @@ def list_dir(sandbox, args, limits) -> ToolOutput:
         entries.append(name + ("/" if kind == "d" else ""))
     if not entries:
         return ToolOutput(f"{path} is empty.")
-    return ToolOutput(clip("\n".join(entries), limits.max_output_chars))
+    return ToolOutput("\n".join(entries))
 
 
 HANDLERS = {

@@ -23,7 +23,10 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 WORKSPACE = "/workspace"
-DEFAULT_OUTPUT_LIMIT = 1 << 20  # bytes of stdout (and of stderr) kept per command
+DEFAULT_OUTPUT_LIMIT = 1 << 20
+"""Bytes of stdout (and of stderr) a sandbox holds per command: the first and last half.
+A cap on the host's memory, not the cut a model sees; an env cuts tool output to its own
+limit (``NL2RepoConfig.max_output_chars``), which always fits in the kept head and tail."""
 
 
 class SandboxError(RuntimeError):
@@ -61,7 +64,9 @@ class SandboxConfig:
     network: bool = False
     """Allow general network access. Off by default: only the proxy route is reachable."""
     output_limit: int = DEFAULT_OUTPUT_LIMIT
-    """Bytes of stdout and of stderr kept per command; the rest is dropped and flagged."""
+    """Bytes of stdout and of stderr held per command (the first and last half); the middle
+    is dropped and counted in ``ExecResult.stdout_omitted`` / ``stderr_omitted``. A memory
+    cap: the NL2Repo env raises it to fit its ``max_output_chars``."""
     ttl_s: float = 6 * 3600
     """Time to live: the reaper removes a sandbox older than this even if its owner lives."""
     env: dict[str, str] = field(default_factory=dict)
@@ -93,7 +98,12 @@ class ExecResult:
     duration_s: float
     timed_out: bool = False
     truncated: bool = False
-    """True when stdout or stderr exceeded the output limit and was cut."""
+    """True when stdout or stderr exceeded the sandbox's ``output_limit``: its middle was
+    dropped, and the text is its head and tail joined (with no marker)."""
+    stdout_omitted: int = 0
+    """Characters dropped from the middle of stdout (0 unless ``truncated``)."""
+    stderr_omitted: int = 0
+    """Characters dropped from the middle of stderr (0 unless ``truncated``)."""
     shell_restarted: bool = False
     """True when the command killed the persistent shell and it was started again."""
     oom_killed: bool = False

@@ -12,12 +12,17 @@ as one statement that runs it as a background job in its own process group, so:
   is started again and the result says ``shell_restarted``.
 
 Output is delimited by per-command random markers written to stdout and stderr after
-the command finishes; bytes are kept up to a limit and the rest counted and dropped, so
-100 MB of output costs the host a bounded amount of memory.
+the command finishes. Of each stream the first and last ``output_limit // 2`` bytes are
+kept and the middle is counted (in characters) and dropped, so 100 MB of output costs the
+host a bounded amount of memory. This is a memory cap, not the cut a model sees: the
+result says how much was dropped and adds no marker of its own; an env that shows output
+to a model cuts it to its own, smaller limit and reports the whole count (see
+``gyre_env.envs.nl2repo.tools.clip``).
 """
 
 from __future__ import annotations
 
+import codecs
 import os
 import secrets
 import selectors
@@ -57,40 +62,71 @@ def _check_env(env: dict[str, str]) -> None:
 
 
 class _Stream:
-    """Collects one stream up to a byte limit and finds a marker in it."""
+    """Collects one stream: its first and last ``limit // 2`` bytes, and its size.
+
+    The bytes in between are counted and dropped, so a command's output costs the host
+    at most ``limit`` bytes per stream. All bytes go through one incremental UTF-8 decoder
+    (the text's ``errors="replace"`` decoding), so the characters dropped are counted
+    exactly: ``omitted_chars`` is what the caller's truncation marker reports.
+    """
 
     def __init__(self, limit: int):
         self.limit = limit
-        self.kept = bytearray()
-        self.tail = b""  # last bytes seen, to find a marker split across reads
+        self.head = bytearray()
+        self.tail = bytearray()  # the last limit // 2 bytes, once the head is full
+        self.pending = b""  # last bytes seen, which may be the start of a marker
         self.dropped = 0
+        self.chars = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._text: str | None = None
+        self.omitted_chars = 0
 
     def feed(self, data: bytes, marker: bytes) -> int | None:
-        """Add ``data``; return the index in ``data`` where ``marker`` starts, if found."""
-        window = self.tail + data
+        """Add ``data``; return the index in ``data`` just past ``marker``, if found there."""
+        window = self.pending + data
         at = window.find(marker)
         if at >= 0:
-            end_in_data = at - len(self.tail)
-            self._keep(data[: max(end_in_data, 0)])
-            if end_in_data < 0:  # marker started in the tail: un-keep those bytes
-                cut = -end_in_data
-                if len(self.kept) >= cut and self.dropped == 0:
-                    del self.kept[-cut:]
-                else:
-                    self.dropped = max(self.dropped - cut, 0)
-            return max(end_in_data, 0)
-        self._keep(data)
-        self.tail = window[-(len(marker) - 1) :] if len(marker) > 1 else b""
+            self._keep(window[:at])
+            end = at + len(marker) - len(self.pending)
+            self.pending = b""
+            return end
+        hold = len(marker) - 1  # a marker may start in these bytes: keep them back
+        self._keep(window[: max(len(window) - hold, 0)])
+        self.pending = window[max(len(window) - hold, 0) :]
         return None
 
     def _keep(self, data: bytes) -> None:
-        room = self.limit - len(self.kept)
+        if not data:
+            return
+        self.chars += len(self._decoder.decode(data))
+        room = self.limit - self.limit // 2 - len(self.head)
         if room > 0:
-            self.kept += data[:room]
-        self.dropped += max(len(data) - max(room, 0), 0)
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            excess = len(self.tail) - self.limit // 2
+            if excess > 0:
+                del self.tail[:excess]
+                self.dropped += excess
 
     def text(self) -> str:
-        return self.kept.decode("utf-8", errors="replace")
+        """The stream's text: the head and the tail joined when the middle was dropped."""
+        if self._text is None:
+            self._keep(self.pending)
+            self.pending = b""
+            self.chars += len(self._decoder.decode(b"", final=True))
+            if not self.dropped:
+                self._text = (self.head + self.tail).decode("utf-8", errors="replace")
+            else:
+                # Cut at character starts, so the two parts decode as they do in the whole.
+                head = codecs.getincrementaldecoder("utf-8")("replace").decode(self.head)
+                skip = 0
+                while skip < min(3, len(self.tail)) and 0x80 <= self.tail[skip] < 0xC0:
+                    skip += 1
+                self._text = head + self.tail[skip:].decode("utf-8", errors="replace")
+            self.omitted_chars = self.chars - len(self._text)
+        return self._text
 
 
 class _NotRun(Exception):
@@ -192,7 +228,7 @@ class PersistentShell:
         env: dict[str, str] | None = None,
         output_limit: int | None = None,
     ) -> ExecResult:
-        """Run ``cmd`` with bash; ``output_limit`` overrides the per-stream byte limit."""
+        """Run ``cmd`` with bash; ``output_limit`` overrides the per-stream byte cap."""
         if not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         env = {**self.env, **(env or {})}
@@ -313,7 +349,7 @@ class PersistentShell:
                     else:
                         at = out.feed(data, out_marker)
                         if at is not None:
-                            after = data[at + len(out_marker) :]
+                            after = data[at:]
         finally:
             sel.close()
         try:
@@ -323,21 +359,18 @@ class PersistentShell:
         return self._result(exit_code, out, err, start, timed_out=timed_out)
 
     def _result(self, code, out, err, start, timed_out=False, restarted=False) -> ExecResult:
-        stderr = err.text()
+        stdout, stderr = out.text(), err.text()
         if timed_out:
             stderr += "\n[gyre] command timed out and was killed\n"
-        if out.dropped or err.dropped:
-            stderr += (
-                f"\n[gyre] output truncated: {out.dropped} bytes of stdout and "
-                f"{err.dropped} bytes of stderr dropped (limit {out.limit} each)\n"
-            )
         return ExecResult(
             exit_code=code,
-            stdout=out.text(),
+            stdout=stdout,
             stderr=stderr,
             duration_s=time.monotonic() - start,
             timed_out=timed_out,
             truncated=bool(out.dropped or err.dropped),
+            stdout_omitted=out.omitted_chars,
+            stderr_omitted=err.omitted_chars,
             shell_restarted=restarted,
             oom_killed=False,
         )

@@ -30,8 +30,9 @@ class VisibleRun:
     def pass_fraction(self) -> float:
         return self.counts.passed / self.counts.collected if self.counts.collected else 0.0
 
-    def render(self, limit: int = 20000) -> str:
-        """A deterministic text summary for the agent: counts, then each non-passing case."""
+    def render(self) -> str:
+        """A deterministic text summary for the agent: counts, then each non-passing case.
+        Not cut here: the env cuts the ``run_tests`` observation to its one output limit."""
         c = self.counts
         lines = [
             f"Visible tests: {c.passed} passed, {c.failed} failed, {c.errors} errors, "
@@ -43,10 +44,7 @@ class VisibleRun:
                 lines.append(f"\n{case.outcome.upper()} {case.display_name}\n{case.message}")
         if self.problems and self.output:
             lines.append("\nOutput (tail):\n" + self.output[-4000:])
-        text = "\n".join(lines)
-        if len(text) > limit:
-            text = text[: limit - 40] + "\n[... cut: summary too long ...]"
-        return text
+        return "\n".join(lines)
 
 
 def run_visible_tests(sandbox, task: Task, timeout_s: float = 300.0) -> VisibleRun:

@@ -4,6 +4,7 @@ in tests/sandbox and, for grading, in tests/scoring/test_tamper.py)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -188,6 +189,81 @@ def test_options_are_checked():
         NL2RepoEnv(reward="sparse")
     with pytest.raises(ValueError, match="reward_mode"):
         NL2RepoEnv(reward_mode="dense")
+
+
+def _marker_count(obs: str, limit: int) -> tuple[int, int]:
+    """``(omitted, total)`` from the one truncation marker of ``obs``, checking it names
+    ``limit`` and that the characters shown plus those omitted make the total."""
+    markers = re.findall(
+        r"^\[output truncated: ([\d,]+) of ([\d,]+) characters omitted; limit ([\d,]+)\]$",
+        obs,
+        flags=re.M,
+    )
+    assert len(markers) == 1, obs[:300]
+    omitted, total, stated = (int(n.replace(",", "")) for n in markers[0])
+    assert stated == limit and len(obs) <= limit
+    marker_line = f"[output truncated: {markers[0][0]} of {markers[0][1]} characters "
+    marker_line += f"omitted; limit {markers[0][2]}]"
+    assert len(obs) - len(marker_line) - 2 + omitted == total  # 2: the marker's newlines
+    return omitted, total
+
+
+def test_a_huge_output_is_cut_once_stating_the_true_count_and_the_limit(env):
+    """100 MB from `bash` (far over the sandbox's 1 MiB memory cap too) comes back as one
+    observation of at most 30,000 characters: head, one marker with the exact count of
+    characters omitted out of the whole output, and the tail with the exit code."""
+    _, info = env.reset(seed=0)
+    assert env.config.max_output_chars == 30_000
+    described = {t["name"]: t["description"] for t in info["tools"]}
+    for name in ("bash", "read_file", "list_dir", "run_tests"):
+        assert "30,000 characters" in described[name], described[name]
+    assert "30,000" not in described["write_file"]
+    obs, _, _, _, info = env.step(call("bash", command="yes | head -c 100000000"))
+    assert info["tool_ok"] and env.observation_space.contains(obs)
+    omitted, total = _marker_count(obs, 30_000)
+    assert total == 100_000_000 + len("[exit code 0]")  # yes's output ends in a newline
+    assert omitted > 99_000_000
+    assert obs.startswith("y\ny\n") and obs.endswith("y\ny\n[exit code 0]")
+    assert "[gyre]" not in obs  # no second marker from the sandbox
+
+
+def test_the_one_limit_is_configurable_and_counts_characters(task_dir):
+    """A smaller ``max_output_chars`` is the limit every long-output tool obeys and states;
+    the count is in characters (multi-byte ones too), not bytes."""
+    env = make_env(task_dir, max_output_chars=2000)
+    try:
+        _, info = env.reset(seed=0)
+        bash = next(t for t in info["tools"] if t["name"] == "bash")
+        assert "2,000 characters" in bash["description"]
+        assert env.observation_space.max_length >= 2000
+        obs = env.step(call("bash", command="python3 -c \"print('é' * 50000)\""))[0]
+        assert _marker_count(obs, 2000)[1] == 50_001 + len("[exit code 0]")
+        env.step(call("write_file", path="big.txt", content="line\n" * 10_000))
+        obs = env.step(call("read_file", path="big.txt"))[0]
+        assert _marker_count(obs, 2000)[1] == 50_000
+        short = env.step(call("bash", command="echo hi"))[0]
+        assert short == "hi\n[exit code 0]"
+    finally:
+        env.close()
+
+
+def test_output_limit_options_are_checked():
+    with pytest.raises(ValueError, match="max_output_chars must be >= 1000"):
+        NL2RepoEnv(max_output_chars=10)
+    with pytest.raises(ValueError, match="cannot hold max_output_chars"):
+        NL2RepoEnv(max_output_chars=200_000, sandbox={"output_limit": 1 << 20})
+
+
+def test_clip_keeps_head_and_tail_within_the_limit():
+    from gyre_env.envs.nl2repo.tools import clip
+
+    assert clip("short", 1000) == "short"
+    text = "".join(f"{i:06d}\n" for i in range(10_000))
+    out = clip(text, 1000)
+    assert len(out) <= 1000 and out.startswith("000000\n") and out.endswith("009999\n")
+    assert _marker_count(out, 1000)[1] == len(text)
+    # Characters a sandbox dropped from the middle count in the marker, not in the text.
+    assert _marker_count(clip(text, 1000, omitted=5), 1000)[1] == len(text) + 5
 
 
 def test_setup_failure_raises_env_infra_error(tmp_path):

@@ -126,3 +126,46 @@ def test_eight_sandboxes_at_once(make, isolated_backend):
         results = list(pool.map(episode, range(8)))
     for n, out in enumerate(results):
         assert out == [f"{n}-{i}\n" for i in range(5)] + [str(n)]
+
+
+def test_the_output_cap_keeps_head_and_tail_and_counts_what_it_drops():
+    """The byte cap of a stream keeps its first and last halves; the characters dropped in
+    between are counted exactly (multi-byte and invalid UTF-8 included, split anywhere)."""
+    import random
+
+    from gyre_env.sandbox.shell import _Stream
+
+    marker = b"\x1eGYREtoken:"
+    units = [b"x", b"\n", "é".encode(), "€".encode(), "🙂".encode(), b"\xff", b"\x80"]
+    for seed in range(200):
+        rng = random.Random(seed)
+        data = b"".join(rng.choice(units) for _ in range(rng.randint(0, 300)))
+        stream, after, sent = _Stream(rng.randint(2, 64)), None, data + marker + b"7\n"
+        while sent:  # reads of random sizes: the marker may be split across them
+            size = rng.randint(1, 16)
+            chunk, sent = sent[:size], sent[size:]
+            if after is not None:
+                after += chunk
+            elif (at := stream.feed(chunk, marker)) is not None:
+                after = chunk[at:]
+        whole, text = data.decode("utf-8", errors="replace"), stream.text()
+        assert after == b"7\n", seed  # the exit code right after the marker, never eaten
+        assert len(text) + stream.omitted_chars == len(whole), seed
+        if not stream.dropped:
+            assert text == whole and stream.omitted_chars == 0
+        else:
+            assert len(stream.head) + len(stream.tail) == stream.limit
+            shared = next(
+                (i for i, (a, b) in enumerate(zip(text, whole, strict=False)) if a != b),
+                len(text),
+            )
+            assert whole.endswith(text[shared:]), seed  # a head of whole, then a tail
+
+
+def test_output_over_the_cap_keeps_both_ends(make):
+    sandbox = make("local", output_limit=1000)
+    result = sandbox.exec("printf 'start\\n'; yes é | head -n 5000; echo end; echo err >&2")
+    assert result.truncated and result.exit_code == 0
+    assert result.stdout.startswith("start\né\n") and result.stdout.endswith("é\nend\n")
+    assert len(result.stdout) + result.stdout_omitted == len("start\n") + 5000 * 2 + 4
+    assert (result.stderr, result.stderr_omitted) == ("err\n", 0)
