@@ -51,14 +51,6 @@ def with_reference(trainer):
     return trainer
 
 
-def apply_step(trainer) -> dict:
-    """Clip the accumulated gradients, take the optimizer step (not for inf/NaN ones),
-    zero the gradients."""
-    grad_norm, lr, stepped = trainer.optimizer_step()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    return {"grad_norm": grad_norm, "lr": lr, "skipped": float(not stepped)}
-
-
 def split_units(units: Sequence, shares: int) -> list[list]:
     """``units`` dealt into ``shares`` lists of about equal token counts (largest first)."""
     out: list[list] = [[] for _ in range(shares)]
@@ -72,9 +64,9 @@ def split_units(units: Sequence, shares: int) -> list[list]:
 
 class CoreStep:
     """One optimizer step over the core trainer and in-process satellite trainers, each
-    computing its share through ``accumulate_grads``: the torch backend into ``.grad``,
-    then :func:`apply_step`; a backend that keeps its own gradient buffers (Megatron's
-    DDP: ``main_grad``) through its ``zero_grads`` / ``grad_buffers`` / ``apply_grads``."""
+    computing its share through ``accumulate_grads`` into its gradients (the torch
+    backend's ``.grad``, Megatron's DDP buffers), summed into the core's through
+    ``grad_buffers`` and applied by its ``apply_grads`` (the ``Trainer`` protocol)."""
 
     def __init__(self, core_trainer, *, version: int = 0):
         self.core = core_trainer
@@ -99,36 +91,20 @@ class CoreStep:
             for t, s in zip(trainers, shares, strict=True)
         )
         norm = max(norm, 1.0)
-        buffered = hasattr(self.core, "grad_buffers")  # a backend with its own grad buffers
-        if buffered:
-            for t in {id(t): t for t in (self.core, *trainers)}.values():
-                t.zero_grads()
-        else:
-            self.core.optimizer.zero_grad(set_to_none=True)
+        for t in {id(t): t for t in (self.core, *trainers)}.values():
+            t.zero_grads()
         sums = {"loss": 0.0, "tokens": 0.0}
         for trainer, share in zip(trainers, shares, strict=True):
             part = trainer.accumulate_grads(share, kind, norm, self.version)
             sums = {k: sums[k] + part[k] for k in sums}
         with torch.no_grad():
-            for sat in (t for t in trainers if t is not self.core):
-                if buffered:
-                    for mine, theirs in zip(
-                        self.core.grad_buffers(), sat.grad_buffers(), strict=True
-                    ):
-                        mine += theirs
-                        theirs.zero_()
+            for sat, share in zip(trainers, shares, strict=True):
+                if sat is self.core or not share:  # no share: no gradients to add
                     continue
-                for mine, theirs in zip(
-                    self.core.model.parameters(), sat.model.parameters(), strict=True
-                ):
-                    if theirs.grad is None:
-                        continue
-                    if mine.grad is None:
-                        mine.grad = theirs.grad.clone()
-                    else:
-                        mine.grad += theirs.grad
-                    theirs.grad = None
-        metrics = self.core.apply_grads() if buffered else apply_step(self.core)
+                for mine, theirs in zip(self.core.grad_buffers(), sat.grad_buffers(), strict=True):
+                    mine += theirs
+                sat.zero_grads()
+        metrics = self.core.apply_grads()
         self.version += 1
         seconds = time.perf_counter() - t0
         return {
@@ -197,31 +173,19 @@ class TrainingGroup:
         """Gradients of this rank's ``share``, reduced to the core, which steps and
         broadcasts the new weights; ``pull=False`` leaves this rank's weights as they are
         (a rank away serving). Returns the core's metrics (satellites: their own sums)."""
-        torch, dist = _torch(), self.dist
-        norm = share_normalizer(self.trainer, share, kind, self.core_version)
+        torch, dist, trainer = _torch(), self.dist, self.trainer
+        norm = share_normalizer(trainer, share, kind, self.core_version)
         norm = torch.tensor([norm], dtype=torch.float64)
         dist.all_reduce(norm)
-        trainer = self.trainer
-        buffered = hasattr(trainer, "grad_buffers")  # Megatron's DDP: grads in main_grad
-        params = list(trainer.model.parameters())
-        if buffered:
-            trainer.zero_grads()
-        for p in params:
-            p.grad = None
+        trainer.zero_grads()
         sums = trainer.accumulate_grads(share, kind, max(float(norm), 1.0), self.core_version)
-        if buffered:
-            grads = trainer.grad_buffers()
-        else:
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            grads = [p.grad for p in params]
+        grads = trainer.grad_buffers()  # zeros where this share gave none
         flat = _flat(grads)
         dist.reduce(flat, dst=0)
         metrics = dict(sums)
-        if self.is_core:  # the sum into the grads; a buffered one skips its own DP sync
+        if self.is_core:  # the sum into the grads, stepped without another DP sync
             _load_flat(grads, flat)
-            metrics.update(trainer.apply_grads(sync=False) if buffered else apply_step(trainer))
+            metrics.update(trainer.apply_grads(sync=False))
         self._broadcast_weights(apply=self.is_core or pull)
         return metrics
 
