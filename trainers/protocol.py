@@ -103,11 +103,14 @@ class Trainer(Protocol):
         kind: str,
         normalizer: float,
         version: int,
+        *,
+        tensors: list[dict] | None = None,
     ) -> dict:
         """Forward and backward over ``units`` into the gradients (not zeroed first), the
         loss normalized by ``normalizer`` (the whole step's) at the core's ``version``:
-        one share of an elastic step, the same loss as ``train_step``. Returns the summed
-        ``loss`` and ``tokens``."""
+        one share of an elastic step, the same loss as ``train_step``. ``tensors``: the
+        units' ``PackedTree.tensors(device)`` when the caller built them already. Returns
+        the summed ``loss`` and ``tokens``."""
         ...
 
     def grad_buffers(self) -> list[torch.Tensor]:

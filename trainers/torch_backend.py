@@ -199,19 +199,23 @@ class TorchTrainer:
         of a ``TrainingGroup`` has none)."""
         self.model.zero_grad(set_to_none=True)
 
-    def accumulate_grads(self, units, kind: str, normalizer: float, version: int) -> dict:
+    def accumulate_grads(
+        self, units, kind: str, normalizer: float, version: int, *, tensors=None
+    ) -> dict:
         """Forward and backward over ``units`` into the parameters' ``.grad`` (not zeroed
         first), the loss normalized by ``normalizer`` (the whole step's) at the core's
         ``version``: a satellite's or the core's share of an elastic step, the same loss
-        as ``train_step``. With ``kl_coef > 0`` the reference must already be set (every
-        rank's the same weights: ``set_reference`` when RL starts). Returns the summed
-        loss and tokens."""
+        as ``train_step``. ``tensors``: the units' ``tensors(self.device)``, when the
+        caller built them already (built here otherwise). With ``kl_coef > 0`` the
+        reference must already be set (every rank's the same weights: ``set_reference``
+        when RL starts). Returns the summed loss and tokens."""
         batch = share_batch(self, units, kind)
         if batch is None:
             return {"loss": 0.0, "tokens": 0.0}
         rl = kind == "rl"
         agg = self.loss.aggregation if rl else "token"
-        tensors = [u.tensors(self.device) for u in batch.units]  # threads: the caller's
+        if tensors is None:  # threads: the caller's
+            tensors = [u.tensors(self.device) for u in batch.units]
         sums = accumulate(
             batch, tensors, lambda p, t: self._microbatch(p, t, rl, agg, normalizer, version)
         )

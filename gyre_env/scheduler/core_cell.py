@@ -29,13 +29,19 @@ def _torch():
     return require("torch", "the elastic scheduler")
 
 
-def share_normalizer(trainer, units: Sequence, kind: str, version: int) -> float:
-    """This share's part of the step normalizer (sums over shares to the whole batch's)."""
+def share_tensors(trainer, units: Sequence) -> list[dict]:
+    """The units' packed tensors on ``trainer``'s device, built once per step: both the
+    share's normalizer and its ``accumulate_grads`` read them."""
+    return [u.tensors(trainer.device) for u in units]
+
+
+def share_normalizer(trainer, tensors: list[dict], kind: str, version: int) -> float:
+    """This share's part of the step normalizer (sums over shares to the whole batch's);
+    ``tensors``: its units' (``share_tensors``)."""
     from gyre_env.trainers.losses import step_normalizer
 
     rl = kind == "rl"
     agg = trainer.loss.aggregation if rl else "token"
-    tensors = [u.tensors(trainer.device) for u in units]
     if not tensors:
         return 0.0
     limit = trainer.loss.max_staleness if rl else None
@@ -86,16 +92,18 @@ class CoreStep:
             raise ValueError("a step needs the core's share or at least one satellite")
         trainers = [self.core, *satellites] if core_share else list(satellites)
         shares = split_units(units, len(trainers))
+        tensors = [share_tensors(t, s) for t, s in zip(trainers, shares, strict=True)]
         norm = sum(
-            share_normalizer(t, s, kind, self.version)
-            for t, s in zip(trainers, shares, strict=True)
+            share_normalizer(t, ts, kind, self.version)
+            for t, ts in zip(trainers, tensors, strict=True)
         )
         norm = max(norm, 1.0)
         for t in {id(t): t for t in (self.core, *trainers)}.values():
             t.zero_grads()
         sums = {"loss": 0.0, "tokens": 0.0}
-        for trainer, share in zip(trainers, shares, strict=True):
-            part = trainer.accumulate_grads(share, kind, norm, self.version)
+        for i, (trainer, share) in enumerate(zip(trainers, shares, strict=True)):
+            part = trainer.accumulate_grads(share, kind, norm, self.version, tensors=tensors[i])
+            tensors[i] = None  # this share's inputs are done with
             sums = {k: sums[k] + part[k] for k in sums}
         with torch.no_grad():
             for sat, share in zip(trainers, shares, strict=True):
@@ -174,11 +182,15 @@ class TrainingGroup:
         broadcasts the new weights; ``pull=False`` leaves this rank's weights as they are
         (a rank away serving). Returns the core's metrics (satellites: their own sums)."""
         torch, dist, trainer = _torch(), self.dist, self.trainer
-        norm = share_normalizer(trainer, share, kind, self.core_version)
+        tensors = share_tensors(trainer, share)
+        norm = share_normalizer(trainer, tensors, kind, self.core_version)
         norm = torch.tensor([norm], dtype=torch.float64)
         dist.all_reduce(norm)
         trainer.zero_grads()
-        sums = trainer.accumulate_grads(share, kind, max(float(norm), 1.0), self.core_version)
+        sums = trainer.accumulate_grads(
+            share, kind, max(float(norm), 1.0), self.core_version, tensors=tensors
+        )
+        del tensors
         grads = trainer.grad_buffers()  # zeros where this share gave none
         flat = _flat(grads)
         dist.reduce(flat, dst=0)

@@ -179,3 +179,25 @@ def test_a_core_step_with_nan_gradients_leaves_the_weights(tiny_path, make_units
         p.grad = torch.full_like(p, float("nan"))
     with pytest.raises(NonFiniteStepError, match="2 non-finite steps in a row"):
         core.apply_grads()
+
+
+def test_a_core_step_builds_each_units_tensors_once(tiny_path, make_units, monkeypatch):
+    """The step's normalizer and its gradients read the same packed tensors: each unit's
+    ``PackedTree.tensors`` is built once per core step, not once for the normalizer and
+    again for ``accumulate_grads``."""
+    from gyre_env.trainers.torch_backend import TorchTrainer
+
+    from gyre_env.trajectory.packing import PackedTree
+
+    built = []
+    original = PackedTree.tensors
+
+    def counting(self, *args, **kwargs):
+        built.append(id(self))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(PackedTree, "tensors", counting)
+    units = _batches(make_units, steps=1, groups=2)[0]
+    step = CoreStep(TorchTrainer(tiny_path))
+    step.step(units, [TorchTrainer(tiny_path)])
+    assert sorted(built) == sorted(id(u) for u in units), "each unit's tensors built once"

@@ -284,17 +284,22 @@ class MegatronTrainer:
             self.optimizer.zero_grad()
         self.model.zero_grad(set_to_none=True)
 
-    def accumulate_grads(self, units, kind: str, normalizer: float, version: int) -> dict:
+    def accumulate_grads(
+        self, units, kind: str, normalizer: float, version: int, *, tensors=None
+    ) -> dict:
         """Forward and backward over ``units`` into the gradient buffers (not zeroed
         first), the loss normalized by ``normalizer`` (the whole step's) at the core's
-        ``version``; the same loss as ``train_step``. Returns the summed loss and tokens."""
+        ``version``; the same loss as ``train_step``. ``tensors``: the units'
+        ``tensors(self.device)``, when the caller built them already. Returns the summed
+        loss and tokens."""
         batch = share_batch(self, units, kind)
         if batch is None:
             return {"loss": 0.0, "tokens": 0.0}
         rl = kind == "rl"
         agg = self.loss.aggregation if rl else "token"
         with cpu_threads(not self.cuda, self.config.num_threads):
-            tensors = [u.tensors(self.device) for u in batch.units]
+            if tensors is None:
+                tensors = [u.tensors(self.device) for u in batch.units]
             sums = accumulate(
                 batch, tensors, lambda p, t: self._microbatch(p, t, rl, agg, normalizer, version)
             )
