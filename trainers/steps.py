@@ -37,7 +37,7 @@ def finite_step(trainer, grad_norm: float, lr: float, loss: float = 0.0) -> bool
     if math.isfinite(grad_norm) and math.isfinite(loss):
         trainer._nonfinite_steps = 0
         return True
-    count = getattr(trainer, "_nonfinite_steps", 0) + 1
+    count = trainer._nonfinite_steps + 1  # 0 when the backend is built
     trainer._nonfinite_steps = count
     limit = trainer.config.max_nonfinite_steps
     what = f"loss {loss}, grad norm {grad_norm} at lr {lr:.3g}"

@@ -88,6 +88,13 @@ def resolve_device(device: str) -> torch.device:
 class TorchTrainer:
     """``Trainer`` over a Hugging Face causal LM (see the module docstring)."""
 
+    config: TorchTrainerConfig
+    loss: LossConfig
+    device: torch.device
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    reference: torch.nn.Module | None
+
     def __init__(
         self,
         model_path: str | Path,
@@ -111,6 +118,7 @@ class TorchTrainer:
         self.reference = None
         self._version = 0
         self._offloaded = False
+        self._nonfinite_steps = 0
 
     def reset_optimizer(self, lr: float | None = None) -> None:
         """A fresh AdamW (and warm-up) at ``lr`` (default ``config.lr``): e.g. between
@@ -174,7 +182,7 @@ class TorchTrainer:
         """Clip the accumulated gradients and take the optimizer and lr-schedule step,
         unless the loss or gradient norm is inf/NaN (``finite_step``). Returns the
         gradient norm, the lr and whether the step was taken. ``train_step`` ends with it,
-        as does the elastic core's step (``scheduler.core.apply_step``)."""
+        as does the elastic core's step (``apply_grads``)."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         clip = self.config.grad_clip or float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip)) if params else 0.0
@@ -185,23 +193,52 @@ class TorchTrainer:
             self.scheduler.step()
         return grad_norm, lr, stepped
 
-    def accumulate_grads(self, units, kind: str, normalizer: float, version: int) -> dict:
+    # ---- the elastic core cell (gyre_env.scheduler.core_cell) -----------------------------
+    def zero_grads(self) -> None:
+        """Drop the parameters' ``.grad`` (the model's, not the optimizer's: a satellite
+        of a ``TrainingGroup`` has none)."""
+        self.model.zero_grad(set_to_none=True)
+
+    def accumulate_grads(
+        self, units, kind: str, normalizer: float, version: int, *, tensors=None
+    ) -> dict:
         """Forward and backward over ``units`` into the parameters' ``.grad`` (not zeroed
         first), the loss normalized by ``normalizer`` (the whole step's) at the core's
         ``version``: a satellite's or the core's share of an elastic step, the same loss
-        as ``train_step``. With ``kl_coef > 0`` the reference must already be set (every
-        rank's the same weights: ``set_reference`` when RL starts). Returns the summed
-        loss and tokens."""
+        as ``train_step``. ``tensors``: the units' ``tensors(self.device)``, when the
+        caller built them already (built here otherwise). With ``kl_coef > 0`` the
+        reference must already be set (every rank's the same weights: ``set_reference``
+        when RL starts). Returns the summed loss and tokens."""
         batch = share_batch(self, units, kind)
         if batch is None:
             return {"loss": 0.0, "tokens": 0.0}
         rl = kind == "rl"
         agg = self.loss.aggregation if rl else "token"
-        tensors = [u.tensors(self.device) for u in batch.units]  # threads: the caller's
+        if tensors is None:  # threads: the caller's
+            tensors = [u.tensors(self.device) for u in batch.units]
         sums = accumulate(
             batch, tensors, lambda p, t: self._microbatch(p, t, rl, agg, normalizer, version)
         )
         return {"loss": sums["loss"], "tokens": float(batch.num_tokens)}
+
+    def grad_buffers(self) -> list[torch.Tensor]:
+        """The parameters' ``.grad`` in model order, zeros allocated for a parameter that
+        has none (what the core sums a satellite's into; what a ``TrainingGroup``
+        reduces)."""
+        out = []
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            out.append(p.grad)
+        return out
+
+    def apply_grads(self, *, sync: bool = True) -> dict:
+        """The core's step: ``optimizer_step`` over the accumulated gradients (not for
+        inf/NaN ones), then the gradients dropped. ``sync`` changes nothing here: FSDP
+        reduces the gradients in the backward, a ``TrainingGroup`` sums them itself."""
+        grad_norm, lr, stepped = self.optimizer_step()
+        self.zero_grads()
+        return {"grad_norm": grad_norm, "lr": lr, "skipped": float(not stepped)}
 
     def _microbatch(
         self, packed, t: dict, rl: bool, agg: str, normalizer: float, version: int | None = None
@@ -311,10 +348,12 @@ class TorchTrainer:
                 if isinstance(v, torch.Tensor):
                     state[k] = v.to(device)
 
-    def save_pretrained(self, folder: str | Path) -> Path:
-        """The current weights as a Hugging Face model folder (config + safetensors)."""
+    def save_pretrained(self, folder: str | Path, *, write: bool | None = None) -> Path:
+        """The current weights as a Hugging Face model folder (config + safetensors),
+        written unless ``write`` is False (None: this process writes)."""
         folder = Path(folder)
-        self.model.save_pretrained(folder)
+        if write is None or write:
+            self.model.save_pretrained(folder)
         return folder
 
     # ---- distributed ----------------------------------------------------------------

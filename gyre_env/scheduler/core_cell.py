@@ -29,13 +29,19 @@ def _torch():
     return require("torch", "the elastic scheduler")
 
 
-def share_normalizer(trainer, units: Sequence, kind: str, version: int) -> float:
-    """This share's part of the step normalizer (sums over shares to the whole batch's)."""
+def share_tensors(trainer, units: Sequence) -> list[dict]:
+    """The units' packed tensors on ``trainer``'s device, built once per step: both the
+    share's normalizer and its ``accumulate_grads`` read them."""
+    return [u.tensors(trainer.device) for u in units]
+
+
+def share_normalizer(trainer, tensors: list[dict], kind: str, version: int) -> float:
+    """This share's part of the step normalizer (sums over shares to the whole batch's);
+    ``tensors``: its units' (``share_tensors``)."""
     from gyre_env.trainers.losses import step_normalizer
 
     rl = kind == "rl"
     agg = trainer.loss.aggregation if rl else "token"
-    tensors = [u.tensors(trainer.device) for u in units]
     if not tensors:
         return 0.0
     limit = trainer.loss.max_staleness if rl else None
@@ -51,14 +57,6 @@ def with_reference(trainer):
     return trainer
 
 
-def apply_step(trainer) -> dict:
-    """Clip the accumulated gradients, take the optimizer step (not for inf/NaN ones),
-    zero the gradients."""
-    grad_norm, lr, stepped = trainer.optimizer_step()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    return {"grad_norm": grad_norm, "lr": lr, "skipped": float(not stepped)}
-
-
 def split_units(units: Sequence, shares: int) -> list[list]:
     """``units`` dealt into ``shares`` lists of about equal token counts (largest first)."""
     out: list[list] = [[] for _ in range(shares)]
@@ -72,9 +70,9 @@ def split_units(units: Sequence, shares: int) -> list[list]:
 
 class CoreStep:
     """One optimizer step over the core trainer and in-process satellite trainers, each
-    computing its share through ``accumulate_grads``: the torch backend into ``.grad``,
-    then :func:`apply_step`; a backend that keeps its own gradient buffers (Megatron's
-    DDP: ``main_grad``) through its ``zero_grads`` / ``grad_buffers`` / ``apply_grads``."""
+    computing its share through ``accumulate_grads`` into its gradients (the torch
+    backend's ``.grad``, Megatron's DDP buffers), summed into the core's through
+    ``grad_buffers`` and applied by its ``apply_grads`` (the ``Trainer`` protocol)."""
 
     def __init__(self, core_trainer, *, version: int = 0):
         self.core = core_trainer
@@ -94,41 +92,27 @@ class CoreStep:
             raise ValueError("a step needs the core's share or at least one satellite")
         trainers = [self.core, *satellites] if core_share else list(satellites)
         shares = split_units(units, len(trainers))
+        tensors = [share_tensors(t, s) for t, s in zip(trainers, shares, strict=True)]
         norm = sum(
-            share_normalizer(t, s, kind, self.version)
-            for t, s in zip(trainers, shares, strict=True)
+            share_normalizer(t, ts, kind, self.version)
+            for t, ts in zip(trainers, tensors, strict=True)
         )
         norm = max(norm, 1.0)
-        buffered = hasattr(self.core, "grad_buffers")  # a backend with its own grad buffers
-        if buffered:
-            for t in {id(t): t for t in (self.core, *trainers)}.values():
-                t.zero_grads()
-        else:
-            self.core.optimizer.zero_grad(set_to_none=True)
+        for t in {id(t): t for t in (self.core, *trainers)}.values():
+            t.zero_grads()
         sums = {"loss": 0.0, "tokens": 0.0}
-        for trainer, share in zip(trainers, shares, strict=True):
-            part = trainer.accumulate_grads(share, kind, norm, self.version)
+        for i, (trainer, share) in enumerate(zip(trainers, shares, strict=True)):
+            part = trainer.accumulate_grads(share, kind, norm, self.version, tensors=tensors[i])
+            tensors[i] = None  # this share's inputs are done with
             sums = {k: sums[k] + part[k] for k in sums}
         with torch.no_grad():
-            for sat in (t for t in trainers if t is not self.core):
-                if buffered:
-                    for mine, theirs in zip(
-                        self.core.grad_buffers(), sat.grad_buffers(), strict=True
-                    ):
-                        mine += theirs
-                        theirs.zero_()
+            for sat, share in zip(trainers, shares, strict=True):
+                if sat is self.core or not share:  # no share: no gradients to add
                     continue
-                for mine, theirs in zip(
-                    self.core.model.parameters(), sat.model.parameters(), strict=True
-                ):
-                    if theirs.grad is None:
-                        continue
-                    if mine.grad is None:
-                        mine.grad = theirs.grad.clone()
-                    else:
-                        mine.grad += theirs.grad
-                    theirs.grad = None
-        metrics = self.core.apply_grads() if buffered else apply_step(self.core)
+                for mine, theirs in zip(self.core.grad_buffers(), sat.grad_buffers(), strict=True):
+                    mine += theirs
+                sat.zero_grads()
+        metrics = self.core.apply_grads()
         self.version += 1
         seconds = time.perf_counter() - t0
         return {
@@ -197,31 +181,23 @@ class TrainingGroup:
         """Gradients of this rank's ``share``, reduced to the core, which steps and
         broadcasts the new weights; ``pull=False`` leaves this rank's weights as they are
         (a rank away serving). Returns the core's metrics (satellites: their own sums)."""
-        torch, dist = _torch(), self.dist
-        norm = share_normalizer(self.trainer, share, kind, self.core_version)
+        torch, dist, trainer = _torch(), self.dist, self.trainer
+        tensors = share_tensors(trainer, share)
+        norm = share_normalizer(trainer, tensors, kind, self.core_version)
         norm = torch.tensor([norm], dtype=torch.float64)
         dist.all_reduce(norm)
-        trainer = self.trainer
-        buffered = hasattr(trainer, "grad_buffers")  # Megatron's DDP: grads in main_grad
-        params = list(trainer.model.parameters())
-        if buffered:
-            trainer.zero_grads()
-        for p in params:
-            p.grad = None
-        sums = trainer.accumulate_grads(share, kind, max(float(norm), 1.0), self.core_version)
-        if buffered:
-            grads = trainer.grad_buffers()
-        else:
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            grads = [p.grad for p in params]
+        trainer.zero_grads()
+        sums = trainer.accumulate_grads(
+            share, kind, max(float(norm), 1.0), self.core_version, tensors=tensors
+        )
+        del tensors
+        grads = trainer.grad_buffers()  # zeros where this share gave none
         flat = _flat(grads)
         dist.reduce(flat, dst=0)
         metrics = dict(sums)
-        if self.is_core:  # the sum into the grads; a buffered one skips its own DP sync
+        if self.is_core:  # the sum into the grads, stepped without another DP sync
             _load_flat(grads, flat)
-            metrics.update(trainer.apply_grads(sync=False) if buffered else apply_step(trainer))
+            metrics.update(trainer.apply_grads(sync=False))
         self._broadcast_weights(apply=self.is_core or pull)
         return metrics
 

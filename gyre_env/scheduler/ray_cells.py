@@ -148,9 +148,8 @@ class _Rank:
         self.group.trainer.offload()
 
     def save_pretrained(self, folder: str) -> str:
-        if self.backend == "megatron":  # not megatron's global rank 0 only: this rank's
-            return str(self.group.trainer.save_pretrained(folder, write=True))
-        return str(self.group.trainer.save_pretrained(folder))
+        # this rank writes (a megatron trainer's default writer is global rank 0 only)
+        return str(self.group.trainer.save_pretrained(folder, write=True))
 
     def state_dict(self) -> dict:
         """The trainer's state (the core's holds the only optimizer state)."""

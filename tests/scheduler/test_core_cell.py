@@ -161,23 +161,43 @@ def test_heartbeat_tracks_only_cells_reported_now():
 
 
 def test_a_core_step_with_nan_gradients_leaves_the_weights(tiny_path, make_units):
-    """The elastic core's optimizer step (``apply_step``) skips NaN gradients as
+    """The elastic core's optimizer step (``apply_grads``) skips NaN gradients as
     ``train_step`` does, and stops after ``max_nonfinite_steps`` in a row."""
     import torch
     from gyre_env.trainers.steps import NonFiniteStepError
     from gyre_env.trainers.torch_backend import TorchTrainer, TorchTrainerConfig
 
-    from gyre_env.scheduler.core_cell import apply_step
-
     core = TorchTrainer(tiny_path, TorchTrainerConfig(max_nonfinite_steps=2))
     before = {n: p.detach().clone() for n, p in core.named_parameters()}
     for p in core.model.parameters():
         p.grad = torch.full_like(p, float("nan"))
-    assert apply_step(core)["skipped"] == 1.0
+    assert core.apply_grads()["skipped"] == 1.0
     for n, p in core.named_parameters():
         assert torch.equal(p, before[n]) and p.grad is None, n
     assert not core.optimizer.state
     for p in core.model.parameters():
         p.grad = torch.full_like(p, float("nan"))
     with pytest.raises(NonFiniteStepError, match="2 non-finite steps in a row"):
-        apply_step(core)
+        core.apply_grads()
+
+
+def test_a_core_step_builds_each_units_tensors_once(tiny_path, make_units, monkeypatch):
+    """The step's normalizer and its gradients read the same packed tensors: each unit's
+    ``PackedTree.tensors`` is built once per core step, not once for the normalizer and
+    again for ``accumulate_grads``."""
+    from gyre_env.trainers.torch_backend import TorchTrainer
+
+    from gyre_env.trajectory.packing import PackedTree
+
+    built = []
+    original = PackedTree.tensors
+
+    def counting(self, *args, **kwargs):
+        built.append(id(self))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(PackedTree, "tensors", counting)
+    units = _batches(make_units, steps=1, groups=2)[0]
+    step = CoreStep(TorchTrainer(tiny_path))
+    step.step(units, [TorchTrainer(tiny_path)])
+    assert sorted(built) == sorted(id(u) for u in units), "each unit's tensors built once"

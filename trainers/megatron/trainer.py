@@ -100,6 +100,15 @@ def _te_available() -> bool:
 class MegatronTrainer:
     """``Trainer`` over a megatron-core ``GPTModel`` (see the module docstring)."""
 
+    config: MegatronTrainerConfig
+    loss: LossConfig
+    device: torch.device
+    model: torch.nn.Module
+    """The ``GPTModel`` (``ddp`` wraps it)."""
+    optimizer: object
+    """``torch.optim.AdamW`` or megatron-core's optimizer (``config.optimizer``)."""
+    reference: torch.nn.Module | None
+
     def __init__(
         self,
         model_path: str | Path,
@@ -133,6 +142,7 @@ class MegatronTrainer:
         self.reference = None
         self._version = 0
         self._offloaded = False
+        self._nonfinite_steps = 0
 
     # ---- construction -----------------------------------------------------------------
     def _setup_parallel(self) -> None:
@@ -223,10 +233,8 @@ class MegatronTrainer:
         self.optimizer.zero_grad()
         sums = accumulate(batch, tensors, lambda p, t: self._microbatch(p, t, rl, agg, normalizer))
         self.ddp.finish_grad_sync()  # data-parallel sum into the grad buffers
-        lr = self._lr()
-        grad_norm, stepped = self._optimizer_step(lr)
+        grad_norm, lr, stepped = self.optimizer_step()
         if stepped:
-            self._lr_step += 1
             self._version += 1
         metrics = step_metrics(sums, batch, grad_norm, lr, time.perf_counter() - start)
         return {**metrics, "skipped": float(not stepped)}
@@ -242,10 +250,17 @@ class MegatronTrainer:
         dist.all_reduce(total, group=group)
         return float(total)
 
-    def _optimizer_step(self, lr: float) -> tuple[float, bool]:
-        """Clip and step; returns the gradient norm and whether the step was taken (not
-        for inf/NaN gradients: megatron's optimizer reports that itself, the torch one is
-        checked by ``finite_step``)."""
+    def optimizer_step(self, loss: float = 0.0) -> tuple[float, float, bool]:
+        """Clip the gradient buffers and take the optimizer step and the lr schedule's,
+        unless the gradients (or ``loss``) are inf/NaN: megatron's optimizer reports that
+        itself, the torch one is checked by ``finite_step``. Returns the gradient norm,
+        the lr and whether the step was taken (``version`` is the caller's to bump)."""
+        lr = self._lr()
+        grad_norm, stepped = self._optimizer_step(lr, loss)
+        self._lr_step += int(stepped)
+        return grad_norm, lr, stepped
+
+    def _optimizer_step(self, lr: float, loss: float) -> tuple[float, bool]:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if self.megatron_optimizer:
@@ -255,29 +270,36 @@ class MegatronTrainer:
         for p in params:
             p.grad = p.main_grad.to(p.dtype)
         grad_norm = _clip_grad_norm(params, self.config.grad_clip or math.inf)
-        stepped = finite_step(self, grad_norm, lr)  # inf/NaN: weights stay as they are
+        stepped = finite_step(self, grad_norm, lr, loss)  # inf/NaN: weights stay as they are
         if stepped:
             self.optimizer.step()
         return grad_norm, stepped
 
     # ---- the elastic core cell (gyre_env.scheduler.core_cell.CoreStep) ----------------------
     def zero_grads(self) -> None:
-        """Zero the gradient buffers (megatron's DDP keeps them in ``main_grad``)."""
+        """Zero the gradient buffers (megatron's DDP keeps them in ``main_grad``) and drop
+        the parameters' ``.grad`` (the torch optimizer's copy of them)."""
         self.ddp.zero_grad_buffer()
         if self.optimizer is not None:
             self.optimizer.zero_grad()
+        self.model.zero_grad(set_to_none=True)
 
-    def accumulate_grads(self, units, kind: str, normalizer: float, version: int) -> dict:
+    def accumulate_grads(
+        self, units, kind: str, normalizer: float, version: int, *, tensors=None
+    ) -> dict:
         """Forward and backward over ``units`` into the gradient buffers (not zeroed
         first), the loss normalized by ``normalizer`` (the whole step's) at the core's
-        ``version``; the same loss as ``train_step``. Returns the summed loss and tokens."""
+        ``version``; the same loss as ``train_step``. ``tensors``: the units'
+        ``tensors(self.device)``, when the caller built them already. Returns the summed
+        loss and tokens."""
         batch = share_batch(self, units, kind)
         if batch is None:
             return {"loss": 0.0, "tokens": 0.0}
         rl = kind == "rl"
         agg = self.loss.aggregation if rl else "token"
         with cpu_threads(not self.cuda, self.config.num_threads):
-            tensors = [u.tensors(self.device) for u in batch.units]
+            if tensors is None:
+                tensors = [u.tensors(self.device) for u in batch.units]
             sums = accumulate(
                 batch, tensors, lambda p, t: self._microbatch(p, t, rl, agg, normalizer, version)
             )
@@ -295,9 +317,7 @@ class MegatronTrainer:
         with cpu_threads(not self.cuda, self.config.num_threads):
             if sync:
                 self.ddp.finish_grad_sync()
-            lr = self._lr()
-            grad_norm, stepped = self._optimizer_step(lr)
-        self._lr_step += int(stepped)
+            grad_norm, lr, stepped = self.optimizer_step()
         return {"grad_norm": grad_norm, "lr": lr, "skipped": float(not stepped)}
 
     def _microbatch(
