@@ -300,6 +300,12 @@ class TrainConfig:
         if temperature > 0 and loss.temperature != temperature:  # <= 0: validate says so
             loss = dataclasses.replace(loss, temperature=temperature)
             self.algorithm = dataclasses.replace(self.algorithm, loss=loss)
+        # Another backend's optimizer options (``dataclasses.replace(cfg, backend=...)``):
+        # read as this backend's, as ``--set backend=...`` reads them (``as_table``).
+        want, optim = optim_class(self.backend), self.algorithm.optim
+        if not isinstance(optim, want):
+            optim = from_dict(want, _changed(optim), "algorithm.optim")
+            self.algorithm = dataclasses.replace(self.algorithm, optim=optim)
 
     @classmethod
     def config_types(cls, data: dict) -> dict:
@@ -496,9 +502,12 @@ def as_table(cfg: TrainConfig) -> dict:
     that a ``backend`` override reads it as the other backend's class (the options both
     have carry over; one the other lacks is refused by name)."""
     data = dataclasses.asdict(cfg)
-    algorithm = data["algorithm"]
-    algorithm["loss"].pop("temperature", None)
-    optim = cfg.algorithm.optim
-    defaults = dataclasses.asdict(type(optim)())
-    algorithm["optim"] = {k: v for k, v in algorithm["optim"].items() if v != defaults[k]}
+    data["algorithm"]["loss"].pop("temperature", None)
+    data["algorithm"]["optim"] = _changed(cfg.algorithm.optim)
     return data
+
+
+def _changed(config) -> dict:
+    """The fields of dataclass ``config`` that differ from its class's defaults."""
+    values, defaults = dataclasses.asdict(config), dataclasses.asdict(type(config)())
+    return {k: v for k, v in values.items() if v != defaults[k]}

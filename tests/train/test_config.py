@@ -152,9 +152,14 @@ def test_the_optimizer_table_is_the_backends_class(tmp_path):
         from_dict(TrainConfig, tomllib.loads(megatron + "fsdp = true\n"))
     with pytest.raises(ConfigError, match=r"backend: 'jax' is not available"):
         from_dict(TrainConfig, {"backend": "jax"})
-    # a config built in Python with another backend's optimizer: named, not trained
-    with pytest.raises(ConfigError, match=r"algorithm.optim: a TorchTrainerConfig, but backend"):
-        TrainConfig(backend="megatron").optim_config()
+    # in Python, another backend's options are read as the backend's, as --set does
+    torch = from_dict(TrainConfig, tomllib.loads(BASE))
+    optim = dataclasses.replace(torch, backend="megatron").optim_config()
+    assert type(optim) is MegatronTrainerConfig and optim.lr == 1e-3
+    assert type(TrainConfig(backend="megatron").optim_config()) is MegatronTrainerConfig
+    fsdp = from_dict(TrainConfig, tomllib.loads(BASE + "fsdp = true\n"))
+    with pytest.raises(ConfigError, match=r"unknown key 'algorithm.optim.fsdp'"):
+        dataclasses.replace(fsdp, backend="megatron")
 
 
 @needs_megatron
