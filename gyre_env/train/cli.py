@@ -30,15 +30,18 @@ def add_commands(sub) -> None:
     p.add_argument(
         "--elastic",
         action="store_true",
-        help="RL on elastic cells that switch between rollout and training at runtime",
+        help="RL on elastic cells that switch between rollout and training at runtime "
+        "(overrides elastic.enabled)",
     )
-    p.add_argument("--cells", type=int, default=2, help="cells for --elastic (default 2)")
+    p.add_argument(
+        "--cells", type=int, help="cells for --elastic (overrides elastic.cells, default 2)"
+    )
     p.add_argument(
         "--ray",
         metavar="ADDRESS",
         help="--elastic: the cells' trainers as Ray actors in one placement group; 'auto' "
         "joins the running cluster (else starts a local one), 'local', or host:port "
-        "(needs pip install 'gyre-env[ray]')",
+        "(needs pip install 'gyre-env[ray]'; overrides elastic.ray)",
     )
     p.set_defaults(func=_run)
 
@@ -57,15 +60,19 @@ def _run(args: argparse.Namespace) -> int:
         overrides.append(f"out={args.out!r}")
     if args.no_progress:
         overrides.append("logging.progress=false")
-    if args.ray is not None and not args.elastic:
-        print("gyre train: --ray needs --elastic", file=sys.stderr)
-        return 2
+    if args.elastic:
+        overrides.append("elastic.enabled=true")
+    if args.cells is not None:
+        overrides.append(f"elastic.cells={args.cells}")
+    if args.ray is not None:
+        overrides.append(f"elastic.ray={args.ray!r}")
     try:
         cfg = load_config(args.config, preset=args.preset, overrides=overrides)
-        if args.elastic:
+        if cfg.elastic.enabled:
             from gyre_env.train.elastic import train_elastic
 
-            result = train_elastic(cfg, cells=args.cells, ray=args.ray, resume=args.resume)
+            elastic = cfg.elastic
+            result = train_elastic(cfg, elastic.cells, elastic.ray, resume=args.resume)
             return 130 if result is None else 0
         from gyre_env.train.loop import train
 

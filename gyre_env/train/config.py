@@ -3,8 +3,11 @@
 A run is a ``TrainConfig``: nested dataclasses, one per component, every field
 documented where it is defined. A TOML file fills them (tables named like the fields:
 ``[model]``, ``[rollout]``, ``[algorithm.loss]``...); unknown keys and wrong types are
-rejected with the dotted key named, before any work starts. Presets are TOML files
-shipped in ``gyre_env/train/presets/`` (``gyre train --preset cpu-demo``).
+rejected with the dotted key named, before any work starts: the component tables too
+(``algorithm.loss`` is a ``LossConfig``, ``algorithm.optim`` the backend's trainer config,
+``algorithm.sample`` a ``SampleConfig``), and ``tasks.env_kwargs`` is checked against the
+env's options when the file is loaded. Presets are TOML files shipped in
+``gyre_env/train/presets/`` (``gyre train --preset cpu-demo``).
 """
 
 from __future__ import annotations
@@ -13,11 +16,25 @@ import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gyre_env.config import ConfigError, build, from_dict
+from gyre_env.config import ConfigError, from_dict
 from gyre_env.trajectory.sampling import SampleConfig
 
-__all__ = ["ConfigError", "TrainConfig", "apply_overrides", "from_dict", "load_config"]
+if TYPE_CHECKING:  # torch modules: imported when a config is read (``config_types``)
+    from gyre_env.trainers.losses import LossConfig
+    from gyre_env.trainers.megatron.trainer import MegatronTrainerConfig
+    from gyre_env.trainers.torch_backend import TorchTrainerConfig
+
+__all__ = [
+    "ConfigError",
+    "ElasticRunConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "as_table",
+    "from_dict",
+    "load_config",
+]
 
 PRESETS_DIR = Path(__file__).with_name("presets")
 
@@ -104,25 +121,75 @@ class SFTConfig:
     (``gyre train --elastic`` says so and trains on rollouts alone)."""
 
 
+def loss_class() -> type[LossConfig]:
+    """``LossConfig`` (what ``algorithm.loss`` is read as), imported when needed."""
+    from gyre_env.trainers.losses import LossConfig
+
+    return LossConfig
+
+
+def optim_class(backend: str) -> type[TorchTrainerConfig | MegatronTrainerConfig]:
+    """The trainer config class of ``backend`` (what ``algorithm.optim`` is read as)."""
+    if backend == "megatron":
+        from gyre_env.trainers.megatron.trainer import MegatronTrainerConfig
+
+        return MegatronTrainerConfig
+    if backend == "torch":
+        from gyre_env.trainers.torch_backend import TorchTrainerConfig
+
+        return TorchTrainerConfig
+    raise ConfigError(f"backend: {backend!r} is not available; use 'torch' or 'megatron'")
+
+
+@dataclass(kw_only=True)
+class SampleTable(SampleConfig):
+    """``algorithm.sample``: a ``SampleConfig`` (``gyre_env.trajectory.sampling``, every
+    field documented there) whose token budget may be left to the model's context."""
+
+    token_budget: int | None = None
+    """Most tokens one training unit may hold; None: ``model.context_length``."""
+
+    def __post_init__(self) -> None:
+        self.resolve(1)  # SampleConfig's checks, whatever the context length
+
+    def resolve(self, context_length: int) -> SampleConfig:
+        """The ``SampleConfig`` of a model with ``context_length`` tokens of context."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(SampleConfig)}
+        if values["token_budget"] is None:
+            values["token_budget"] = context_length
+        return SampleConfig(**values)
+
+
 @dataclass(kw_only=True)
 class AlgorithmConfig:
     """The RL objective, how trees become samples, and the optimizer."""
 
-    loss: dict = field(default_factory=dict)
-    """``LossConfig`` fields (``gyre_env.trainers.losses``): policy_loss, clip_low,
-    clip_high, tis_cap, kl_coef, entropy_coef, aggregation, max_staleness."""
-    sample: dict = field(default_factory=dict)
-    """``SampleConfig`` fields (``gyre_env.trajectory.sampling``): token_budget,
-    role_weights, normalize_std, max_paths_per_episode (J_max), overflow."""
+    loss: LossConfig = field(default_factory=lambda: loss_class()())
+    """The RL objective (``gyre_env.trainers.losses.LossConfig``): policy_loss, clip_low,
+    clip_high, tis_cap, kl_coef, entropy_coef, aggregation, max_staleness. Its
+    ``temperature`` is ``rollout.temperature`` (the table refuses it)."""
+    sample: SampleTable = field(default_factory=SampleTable)
+    """How trees become samples (``SampleTable``, a ``SampleConfig``): token_budget,
+    role_weights, normalize_std, reward, negative_scale, max_paths_per_episode (J_max),
+    overflow..."""
     skip_zero_variance: bool = True
     """Leave out of the optimizer steps the groups whose rewards are all equal (DAPO's
     dynamic-sampling filter): their GRPO advantages are all 0, so they carry no signal,
     cost a forward and backward, and dilute a token-level normaliser. Their share is
     logged as ``zero_variance_groups``, their count per iteration as ``groups_skipped``."""
-    optim: dict = field(default_factory=dict)
-    """``TorchTrainerConfig`` fields (``gyre_env.trainers.torch_backend``): lr, betas,
-    weight_decay, grad_clip, warmup_steps, device, dtype; with ``backend = "megatron"``
-    ``MegatronTrainerConfig`` ones (the same plus tensor_parallel, optimizer, use_te)."""
+    optim: TorchTrainerConfig | MegatronTrainerConfig = field(
+        default_factory=lambda: optim_class("torch")()
+    )
+    """The trainer's optimizer and device settings, of ``backend``'s class: a
+    ``TorchTrainerConfig`` (``gyre_env.trainers.torch_backend``: lr, betas, weight_decay,
+    grad_clip, warmup_steps, device, dtype, fsdp...) or, with ``backend = "megatron"``, a
+    ``MegatronTrainerConfig`` (the same but fsdp, plus tensor_parallel, optimizer,
+    distributed_optimizer, use_te)."""
+
+    @classmethod
+    def config_types(cls, data: dict) -> dict:
+        """The trainer classes, imported when a table is read (they import torch)."""
+        return {"loss": loss_class(), "optim": optim_class("torch")}
 
 
 @dataclass(kw_only=True)
@@ -188,6 +255,23 @@ class LoggingConfig:
 
 
 @dataclass(kw_only=True)
+class ElasticRunConfig:
+    """``gyre train --elastic``: the RL phase on elastic cells that switch between rollout
+    and training at runtime (``gyre_env.train.elastic``) instead of the synchronous loop.
+    The flags ``--elastic``, ``--cells N`` and ``--ray ADDRESS`` override this table."""
+
+    enabled: bool = False
+    """Run the RL phase on elastic cells (``--elastic``); false: the synchronous loop."""
+    cells: int = 2
+    """Cells (each one engine and one trainer) of the elastic run (``--cells``)."""
+    ray: str | None = None
+    """The cells' trainers as Ray actors in one placement group (``--ray``): ``auto``
+    joins the running cluster (else starts a local one), ``local``, or ``host:port``
+    (needs ``pip install 'gyre-env[ray]'``); None: all in the ``gyre train`` process.
+    Needs ``enabled``."""
+
+
+@dataclass(kw_only=True)
 class TrainConfig:
     """A whole training run."""
 
@@ -207,21 +291,44 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    elastic: ElasticRunConfig = field(default_factory=ElasticRunConfig)
+
+    def __post_init__(self) -> None:
+        # The loss's temperature is the rollouts' (``loss_config`` sets it; here too, so that
+        # the run's config.json says what the loss uses).
+        loss, temperature = self.algorithm.loss, self.rollout.temperature
+        if temperature > 0 and loss.temperature != temperature:  # <= 0: validate says so
+            loss = dataclasses.replace(loss, temperature=temperature)
+            self.algorithm = dataclasses.replace(self.algorithm, loss=loss)
+        # Another backend's optimizer options (``dataclasses.replace(cfg, backend=...)``):
+        # read as this backend's, as ``--set backend=...`` reads them (``as_table``).
+        want, optim = optim_class(self.backend), self.algorithm.optim
+        if not isinstance(optim, want):
+            optim = from_dict(want, _changed(optim), "algorithm.optim")
+            self.algorithm = dataclasses.replace(self.algorithm, optim=optim)
+
+    @classmethod
+    def config_types(cls, data: dict) -> dict:
+        """``algorithm.optim`` is read as ``backend``'s class; ``algorithm.loss`` may not
+        set the temperature (``rollout.temperature`` does)."""
+        algorithm = data.get("algorithm")
+        loss = algorithm.get("loss") if isinstance(algorithm, dict) else None
+        if isinstance(loss, dict) and "temperature" in loss:
+            raise ConfigError(
+                "algorithm.loss.temperature: set rollout.temperature (the loss uses it)"
+            )
+        return {"algorithm.optim": optim_class(data.get("backend", "torch"))}
 
     @property
     def out_dir(self) -> Path:
         return Path(self.out) if self.out else Path("runs") / self.name
 
-    def loss_config(self):
-        from gyre_env.trainers.losses import LossConfig
-
-        data = dict(self.algorithm.loss)
-        if "temperature" in data:
-            raise ConfigError(
-                "algorithm.loss.temperature: set rollout.temperature (the loss uses it)"
-            )
-        data["temperature"] = self.rollout.temperature
-        return build(LossConfig, data, "algorithm.loss")
+    def loss_config(self) -> LossConfig:
+        """``algorithm.loss`` at ``rollout.temperature``."""
+        try:
+            return dataclasses.replace(self.algorithm.loss, temperature=self.rollout.temperature)
+        except ValueError as e:
+            raise ConfigError(f"algorithm.loss: {e}") from None
 
     def gold_steps_per_iteration(self) -> int:
         """Gold SFT steps after each RL iteration's steps: ``sft.steps_per_iteration``
@@ -230,18 +337,18 @@ class TrainConfig:
         return sft.steps_per_iteration if sft.trajectories and sft.steps else 0
 
     def sample_config(self) -> SampleConfig:
-        data = dict(self.algorithm.sample)
-        data.setdefault("token_budget", self.model.context_length)
-        return build(SampleConfig, data, "algorithm.sample")
+        """``algorithm.sample``, its token budget ``model.context_length`` unless set."""
+        return self.algorithm.sample.resolve(self.model.context_length)
 
-    def optim_config(self):
-        if self.backend == "megatron":
-            from gyre_env.trainers.megatron.trainer import MegatronTrainerConfig
-
-            return build(MegatronTrainerConfig, self.algorithm.optim, "algorithm.optim")
-        from gyre_env.trainers.torch_backend import TorchTrainerConfig
-
-        return build(TorchTrainerConfig, self.algorithm.optim, "algorithm.optim")
+    def optim_config(self) -> TorchTrainerConfig | MegatronTrainerConfig:
+        """``algorithm.optim``, checked to be ``backend``'s class."""
+        want = optim_class(self.backend)
+        if not isinstance(self.algorithm.optim, want):
+            raise ConfigError(
+                f"algorithm.optim: a {type(self.algorithm.optim).__name__}, but backend "
+                f"{self.backend!r} trains with a {want.__name__}"
+            )
+        return dataclasses.replace(self.algorithm.optim)
 
     def _check_env_kwargs(self) -> None:
         """``tasks.env_kwargs`` checked against the NL2Repo env's options (a custom env,
@@ -255,24 +362,30 @@ class TrainConfig:
         if spec is None or spec.entry_point != ENTRY_POINT:
             return
         from gyre_env.envs.nl2repo.env import NL2RepoConfig
-        from gyre_env.sandbox import SandboxError, choose_backend
+        from gyre_env.sandbox import SandboxConfig, SandboxError, choose_backend
         from gyre_env.sandbox.bwrap import require_bwrap
 
         try:
             env = NL2RepoConfig.from_kwargs(**self.tasks.env_kwargs)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"tasks.env_kwargs: {e}") from None
+        # the sandboxes' options, read by the env only when it starts one
+        for key, options in (("sandbox", env.sandbox), ("grading.sandbox", env.grading.sandbox)):
+            try:
+                SandboxConfig.from_dict(options)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"tasks.env_kwargs.{key}: {e}") from None
+        try:
             for backend in {env.sandbox_backend, env.grading.backend}:
                 # auto resolves at run time, to what is there
                 if backend != "auto" and choose_backend(backend) == "bwrap":
                     require_bwrap()
-        except (TypeError, ValueError, SandboxError) as e:
+        except (ValueError, SandboxError) as e:
             raise ConfigError(f"tasks.env_kwargs: {e}") from None
 
     def validate(self) -> None:
         """Checks that need no I/O: ranges and the nested component configs."""
-        if self.backend not in ("torch", "megatron"):
-            raise ConfigError(
-                f"backend: {self.backend!r} is not available; use 'torch' or 'megatron'"
-            )
+        optim_class(self.backend)  # a backend that is not one: refused by name
         if self.backend == "megatron" and importlib.util.find_spec("megatron") is None:
             raise ConfigError("backend 'megatron' needs: pip install 'gyre-env[megatron]'")
         positive = {
@@ -290,6 +403,7 @@ class TrainConfig:
             "tasks.heldout_count": self.tasks.heldout_count,
             "sft.batch_size": self.sft.batch_size,
             "model.context_length": self.model.context_length,
+            "elastic.cells": self.elastic.cells,
         }
         for key, value in positive.items():
             if value < 1:
@@ -302,6 +416,13 @@ class TrainConfig:
         }.items():
             if value < 0:
                 raise ConfigError(f"{key} must be >= 0, got {value}")
+        if self.rollout.temperature <= 0:
+            raise ConfigError(f"rollout.temperature must be > 0, got {self.rollout.temperature}")
+        if self.elastic.ray is not None and not self.elastic.enabled:
+            raise ConfigError(
+                f"elastic.ray = {self.elastic.ray!r} needs elastic.enabled = true "
+                "(--ray needs --elastic)"
+            )
         self._check_env_kwargs()
         if self.rollout.group_size < 2 and self.schedule.iterations:
             raise ConfigError("rollout.group_size must be >= 2: GRPO compares attempts")
@@ -316,7 +437,9 @@ def load_config(
 ) -> TrainConfig:
     """A ``TrainConfig`` from a TOML file or a named preset, with ``overrides`` (as in
     ``apply_overrides``) applied before it is validated: an override can mend what the
-    file alone would be refused for (a sandbox backend this machine lacks)."""
+    file alone would be refused for (a sandbox backend this machine lacks). The file's
+    keys and types are checked as it is read, every table's (``algorithm.optim``'s
+    against its ``backend``'s class)."""
     import tomllib
 
     if (path is None) == (preset is None):
@@ -347,10 +470,11 @@ def load_config(
 
 
 def apply_overrides(cfg: TrainConfig, overrides: list[str]) -> TrainConfig:
-    """``key.sub=value`` overrides (the value parsed as a TOML value, else a string)."""
+    """``key.sub=value`` overrides (the value parsed as a TOML value, else a string), on
+    ``cfg`` as a table (``as_table``) read back as a new ``TrainConfig``."""
     import tomllib
 
-    data = dataclasses.asdict(cfg)
+    data = as_table(cfg)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not KEY=VALUE")
@@ -369,3 +493,21 @@ def apply_overrides(cfg: TrainConfig, overrides: list[str]) -> TrainConfig:
     cfg = from_dict(TrainConfig, data)
     cfg.validate()
     return cfg
+
+
+def as_table(cfg: TrainConfig) -> dict:
+    """``cfg`` as the table ``from_dict`` reads back into an equal ``TrainConfig``:
+    ``dataclasses.asdict``, less ``algorithm.loss.temperature`` (``rollout.temperature``'s),
+    and with ``algorithm.optim`` holding only what differs from its class's defaults, so
+    that a ``backend`` override reads it as the other backend's class (the options both
+    have carry over; one the other lacks is refused by name)."""
+    data = dataclasses.asdict(cfg)
+    data["algorithm"]["loss"].pop("temperature", None)
+    data["algorithm"]["optim"] = _changed(cfg.algorithm.optim)
+    return data
+
+
+def _changed(config) -> dict:
+    """The fields of dataclass ``config`` that differ from its class's defaults."""
+    values, defaults = dataclasses.asdict(config), dataclasses.asdict(type(config)())
+    return {k: v for k, v in values.items() if v != defaults[k]}
