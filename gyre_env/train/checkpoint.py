@@ -156,4 +156,3 @@ def load_elastic(cfg, folder: Path) -> dict | None:
         return None
     check_resumable(cfg, cfg.out_dir / "config.json")
     return torch.load(path, weights_only=False)
-

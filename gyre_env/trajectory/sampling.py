@@ -261,9 +261,7 @@ def rl_minibatches(
     for _ in range(epochs):
         for chunk in np.array_split(rng.permutation(len(kept)), k):
             picked = [kept[i] for i in chunk]
-            units = packed_units(
-                [trees[i] for i in picked], cfg, [advantages[i] for i in picked]
-            )
+            units = packed_units([trees[i] for i in picked], cfg, [advantages[i] for i in picked])
             if units:
                 out.append(units)
     return out, len(trees) - len(kept)

@@ -571,4 +571,3 @@ def check_tokenizer(store: TrajectoryStore, tokenizer, model_dir: Path) -> None:
             f"{store.path} holds token ids of another tokenizer (model "
             f"{store.meta('model')}), not {model_dir}'s: use a new --out"
         )
-
