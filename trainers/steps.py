@@ -80,7 +80,7 @@ def accumulate(batch: TrainBatch, tensors: list[dict], microbatch: Callable, sca
 def share_batch(trainer, units, kind: str) -> TrainBatch | None:
     """``units`` as a batch for a trainer's ``accumulate_grads`` (its share of an elastic
     step), None when empty. With ``kl_coef > 0`` the trainer's reference must be set
-    already: every rank's the same weights (``scheduler.core.with_reference``)."""
+    already: every rank's the same weights (``scheduler.core_cell.with_reference``)."""
     if kind == "rl" and trainer.loss.kl_coef > 0 and trainer.reference is None:
         raise RuntimeError(
             "kl_coef > 0 but this trainer has no KL reference: call set_reference() on "

@@ -4,23 +4,23 @@ Two kinds of run are read.
 
 **A synchronous ``gyre train`` run folder** (:func:`load_run`, :func:`validate_run`).
 Inputs taken from the trace: each RL episode's setup, tool, agent and scoring times and
-its calls (tokens from ``store.db``, measured call times), the optimizer steps' times and
-tokens (``metrics.jsonl`` ``rl`` records), the weight push time, and the run's shape
+its calls (tokens from ``store.db``, measured call times), the optimizer steps' times
+and tokens (``metrics.jsonl`` ``rl`` records), the weight push time, and the run's shape
 (``config.json``: agent slots, batch, optimizer steps). Outputs kept apart for checking:
 each RL iteration's wall time (from the previous record to its ``iteration`` record, so
 held-out evaluations between iterations are not part of it).
 
-**An elastic run** (:func:`load_elastic_trace`, :func:`validate_elastic`). The trace (``elastic-trace.json``, written by :func:`write_elastic_trace` for every
-``gyre train --elastic`` run and for ``benchmarks/elastic.py --trace-out``) holds the
-run's shape (cells, batch, staleness bound, agent slots, the policy and its parameters),
-every finished group's calls (new prompt tokens, output tokens, start, queue and service
+**An elastic run** (:func:`load_elastic_trace`, :func:`validate_elastic`). The trace
+(``elastic-trace.json``, written by :func:`write_elastic_trace` for every ``gyre train
+--elastic`` run and for ``benchmarks/elastic.py --trace-out``) holds the run's shape
+(cells, batch, staleness bound, agent slots, the policy and its parameters), every
+finished group's calls (new prompt tokens, output tokens, start, queue and service
 seconds, the engine that served it) and tool waits, its optimizer steps (groups, cells,
 seconds) and its switches (direction, seconds). :func:`validate_elastic` simulates the
-same policy on it three ways, as :func:`validate_run` does for
-the synchronous loop: replaying the measured call times, pricing calls with the cell
-model fitted to them, and drawing fresh episodes from distributions fitted to the trace.
-Measured: the run's wall time from its start to its last step (``wall_s``), never an
-input.
+same policy on it three ways, as :func:`validate_run` does for the synchronous loop:
+replaying the measured call times, pricing calls with the cell model fitted to them, and
+drawing fresh episodes from distributions fitted to the trace. Measured: the run's wall
+time from its start to its last step (``wall_s``), never an input.
 """
 
 from __future__ import annotations
