@@ -62,6 +62,12 @@ class LocalCells:
             to_training_s=config.switch_prior_s, to_rollout_s=config.switch_prior_s
         )
         self.board = WeightBoard()
+        self.core = None
+        """The core step the driver uses: None, the driver builds one over the cells'
+        trainers in this process (``RayCells`` sets a Ray one)."""
+        self.remote = False
+        """Whether the cells' trainers live outside this process (Ray ranks): the newest
+        weights are then the board's, not a local trainer's."""
 
     def open(self, initial_roles: list[Role] | None = None) -> LocalCells:
         from gyre_env.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig

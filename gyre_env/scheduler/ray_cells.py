@@ -343,6 +343,7 @@ class RayCells(LocalCells):
         self.ray_config = ray or RayGroupConfig()
         self.group: RayTrainingGroup | None = None
         self.core: RayCoreStep | None = None
+        self.remote = True
 
     def open(self, initial_roles=None) -> RayCells:
         import dataclasses

@@ -1,5 +1,12 @@
-"""Training: ``gyre train`` and the pieces it drives (config, rollouts, gold replay,
-checkpoints, metrics, report). Nothing heavy is imported here."""
+"""Training: the drivers of ``gyre train`` and the building blocks they share.
+
+- ``loop``: the synchronous loop; ``elastic``: the RL phase on elastic cells
+  (``--elastic``), after the synchronous loop's warm start;
+- shared by both: ``setup`` (model folder, task pool, store, trainer, model service,
+  agent, logger), ``rollout`` (episodes), ``gold`` (gold replay and SFT batches),
+  ``checkpoint``, ``metrics``, ``report``; ``config`` and ``cli``.
+
+Nothing heavy is imported here."""
 
 from gyre_env.train.config import ConfigError, TrainConfig, apply_overrides, load_config
 

@@ -296,7 +296,7 @@ def _run_phase(cfg, pool, store, rl_tasks, clock, agent, logger, saved, resume: 
     driver = ElasticDriver(
         pool.cells, policy, workload, call=pool.proxy.call,
         router=pool.proxy.core.router, config=config, clock=clock, costs=pool.costs,
-        metrics=logger, core=getattr(pool, "core", None), start=start,
+        metrics=logger, core=pool.core, start=start,
         on_step=_checkpointer(cfg, out / "checkpoints", pool, workload, config.steps),
     )  # fmt: skip
     try:
@@ -473,7 +473,7 @@ def _report(cfg: TrainConfig) -> None:
 def _export_newest(pool, tokenizer, folder) -> None:
     """The newest published weights as a Hugging Face folder (the model the run made),
     written here (on Ray the core's rank may sit on another node: the board's copy)."""
-    if getattr(pool, "group", None) is not None:
+    if pool.remote:
         from gyre_env.trainers.torch_backend import TorchTrainer
 
         trainer = TorchTrainer(pool.model_dir)
