@@ -188,7 +188,7 @@ class NL2RepoEnv(gym.Env):
             raise ValueError(f"render_mode {render_mode!r} is not supported; use 'ansi' or None")
         self.render_mode = render_mode
         self.tasks = load_tasks(self.config, tasks)
-        offered = T.select_tools(self.config.tools, self.config.max_output_chars)
+        offered = T.select_tools(self.config.tools)
         self.tool_schemas = [{k: v for k, v in t.items() if k != "examples"} for t in offered]
         self.action_space = ToolCallSpace(offered)
         # A step's observation is cut to max_output_chars; a reset's is the task's prompt,

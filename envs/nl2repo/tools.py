@@ -5,13 +5,13 @@ mistake the agent can fix (a missing file, a path outside the workspace, an ambi
 edit) is an ``ok=False`` output, never an exception. Only a sandbox that died raises.
 
 Handlers return their whole output; the env cuts each observation once, with ``clip``, to
-``max_output_chars`` (default ``DEFAULT_MAX_OUTPUT_CHARS``), and the descriptions of the
-tools with long outputs state that limit (``select_tools``).
+``max_output_chars`` (default ``DEFAULT_MAX_OUTPUT_CHARS``), and the marker that stands
+where it cut tells the model the limit. The tool schemas do not repeat it: a prompt that
+never meets the limit is the same as before there was one.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 from gyre_env.sandbox import PathOutsideWorkspaceError, SandboxError
@@ -26,15 +26,6 @@ it (``sandbox_output_limit``) and the observation space is sized from it."""
 
 MIN_OUTPUT_CHARS = 1000
 """The smallest ``max_output_chars``: room for the marker and some head and tail."""
-
-OUTPUT_NOTE = (
-    "Output over {limit:,} characters is cut in the middle: its head and tail are kept "
-    "around a line saying how many characters were omitted."
-)
-"""Appended to the description of each tool whose output can be long, so the model knows
-the limit before it meets it."""
-
-_LONG_OUTPUT_TOOLS = ("bash", "read_file", "list_dir", "run_tests")
 
 _PATH_EXAMPLES = ["main.py", "pkg/__init__.py", "notes.txt", "tests/test_main.py"]
 
@@ -130,23 +121,17 @@ TOOLS: list[dict] = [
 ]
 
 
-def select_tools(
-    names: list[str] | None, max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
-) -> list[dict]:
-    """The schemas of the tools ``names`` (in ``TOOLS`` order; None: all of them), copies
-    whose descriptions state the output limit ``max_output_chars``."""
+def select_tools(names: list[str] | None) -> list[dict]:
+    """The schemas of the tools ``names`` (in ``TOOLS`` order); None: all of them."""
+    if names is None:
+        return list(TOOLS)
     known = [t["name"] for t in TOOLS]
-    if names is not None:
-        if isinstance(names, str) or not names:
-            raise ValueError(f"tools must be a non-empty list of tool names from {known}")
-        unknown = [n for n in names if n not in known]
-        if unknown:
-            raise ValueError(f"unknown tools {unknown}; known tools: {known}")
-    chosen = [copy.deepcopy(t) for t in TOOLS if names is None or t["name"] in names]
-    for tool in chosen:
-        if tool["name"] in _LONG_OUTPUT_TOOLS:
-            tool["description"] += " " + OUTPUT_NOTE.format(limit=max_output_chars)
-    return chosen
+    if isinstance(names, str) or not names:
+        raise ValueError(f"tools must be a non-empty list of tool names from {known}")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown tools {unknown}; known tools: {known}")
+    return [t for t in TOOLS if t["name"] in names]
 
 
 MUTATING_TOOLS = frozenset({"bash", "write_file", "str_replace"})
