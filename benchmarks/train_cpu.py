@@ -167,7 +167,7 @@ def _measure(args, base: list[str], model: Path, out: Path) -> dict:
     task, as a run of its own under ``out``, with the standard error over tasks (attempts
     of one task are correlated, so the error is that of the per-task means)."""
     from gyre_env.train import load_config
-    from gyre_env.train.loop import evaluate_heldout
+    from gyre_env.train.run import evaluate_heldout
 
     shutil.rmtree(out, ignore_errors=True)
     cfg = load_config(

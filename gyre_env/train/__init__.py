@@ -1,6 +1,7 @@
 """Training: the drivers of ``gyre train`` and the building blocks they share.
 
-- ``loop``: the synchronous loop; ``elastic``: the RL phase on elastic cells
+- ``loop``: the synchronous loop, a short program over ``run.TrainRun`` (the run's
+  state, a method per phase); ``elastic``: the RL phase on elastic cells
   (``--elastic``), after the synchronous loop's warm start;
 - shared by both: ``setup`` (model folder, task pool, store, trainer, model service,
   agent, logger), ``rollout`` (episodes), ``gold`` (gold replay and SFT batches),

@@ -39,8 +39,9 @@ from dataclasses import dataclass
 from gyre_env.config import ConfigError
 from gyre_env.train.checkpoint import ELASTIC_CHECKPOINT, load_elastic, save_elastic
 from gyre_env.train.config import TrainConfig
-from gyre_env.train.loop import evaluate_heldout, train
+from gyre_env.train.loop import train
 from gyre_env.train.rollout import rollout
+from gyre_env.train.run import evaluate_heldout
 from gyre_env.train.setup import (
     make_agent,
     make_trainer,
