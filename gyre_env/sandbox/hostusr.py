@@ -31,7 +31,6 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
-import gyre_env
 from gyre_env.paths import cache_root
 
 # Top-level folders that are symlinks into /usr on merged-/usr hosts (else bound). /sbin is
@@ -83,6 +82,11 @@ def mounts() -> list[tuple[str, str]]:
     return binds
 
 
+def _package_dir() -> Path:
+    """The folder of the running ``gyre_env`` package (site-packages or a checkout)."""
+    return Path(__file__).resolve().parent.parent
+
+
 def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -96,7 +100,7 @@ def task_data_folders(roots: Iterable[str]) -> list[str]:
     ``sys.path``, and ``cache_root()``. A root that lies inside one of them cannot be bound
     without showing task data: ``ValueError`` names it."""
     roots = [os.path.realpath(r) for r in roots]
-    package = Path(gyre_env.__file__).resolve().parent
+    package = _package_dir()
     candidates = [package]
     # A checkout (its .git, tests and build/ hold the tasks too), unless a root lies inside
     # it: a project's own .venv is bound, the checkout around it is not.

@@ -313,12 +313,11 @@ def test_a_checkout_under_a_root_is_hidden_whole_unless_the_root_is_inside_it(
 ):
     """An editable install's checkout holds the tasks in its .git and tests too; a project's
     own .venv inside the checkout is bound without the checkout around it."""
-    import gyre_env
     from gyre_env.sandbox import hostusr
 
     checkout = tmp_path / "src" / "gyre-env"
     _tree(checkout, "pyproject.toml", "gyre_env/__init__.py", ".venv/bin/python")
-    monkeypatch.setattr(gyre_env, "__file__", str(checkout / "gyre_env" / "__init__.py"))
+    monkeypatch.setattr(hostusr, "_package_dir", lambda: checkout / "gyre_env")
     monkeypatch.setenv("GYRE_CACHE", str(tmp_path / "no-cache"))
     assert hostusr.task_data_folders([str(tmp_path)]) == [str(checkout)]
     assert hostusr.task_data_folders([str(checkout / ".venv")]) == []
