@@ -15,8 +15,9 @@ non-editable ``pip install gyre-env`` ships the built-in tasks' hidden tests and
 site-packages, and the ``nano`` generator renders any nano task's hidden tests and gold),
 the source checkout of the running ``gyre_env`` when it lies under a bind (an editable
 install, e.g. ``pip install -e git+...`` into a venv's ``src/``), and Gyre's cache folders
-(generated nano tasks, NL2Repo overlays and gold trees). Not covered: task folders of your
-own (an NL2RepoBench checkout, ``load_suite("/some/folder")``) placed under ``/usr``,
+(``cache_root()``: generated nano tasks; ``~/.cache/gyre``: NL2Repo overlays and gold
+trees). Not covered: task folders of your own (an NL2RepoBench checkout or its ``tests=``,
+a ``cache_dir=`` of ``load_nl2repo``, ``load_suite("/some/folder")``) placed under ``/usr``,
 ``/etc`` or the Python prefix: keep them elsewhere (e.g. in your home folder, which no
 sandbox binds). No sandbox needs ``gyre_env`` itself: the grader copies in the files it runs.
 """
