@@ -3,11 +3,16 @@
 Covers: new pid, network (loopback only), IPC, UTS and user namespaces with all
 capabilities dropped; the host's system folders (``/usr``, ``/etc``) and the Python
 running gyre (a virtualenv and its base; ``python3`` is the venv's) read-only, with
-``/etc/shadow`` hidden; a private ``/workspace`` (a host temp folder),
+``/etc/shadow`` hidden and every folder of task data under them (an installed
+``gyre_env`` with the built-in tasks' hidden tests and gold, a source checkout, Gyre's
+cache of generated tasks; ``hostusr.task_data_folders``) covered by an empty tmpfs; no
+host process (own ``/proc``) and no host environment variable (bwrap, the sandbox's pid 1,
+runs with an empty environment); a private ``/workspace`` (a host temp folder),
 ``/tmp`` and ``/home``; memory and pids limits from a cgroup per sandbox (cgroup v1 or
 v2), or from ``prlimit`` (address space only) where cgroups are not writable. The
 sandbox dies with its owner process (``--die-with-parent``). Does not cover: reading
-world-readable host files under ``/etc`` and ``/usr``, kernel exploits.
+world-readable host files under ``/etc`` and ``/usr`` (task folders of your own placed
+there included: keep them elsewhere), kernel exploits.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import time
 import uuid
 from pathlib import Path
 
-from gyre_env.sandbox import lifecycle, route
+from gyre_env.sandbox import hostusr, lifecycle, route
 from gyre_env.sandbox.base import (
     WORKSPACE,
     SandboxConfig,
@@ -167,16 +172,21 @@ class BwrapSandbox(ShellSandbox):
         # the one with gyre's pytest. A venv's base alone lacks it (Debian's python3 does).
         prefixes = list(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)))
         path = ":".join([*(f"{p}/bin" for p in prefixes), "/usr/local/bin", "/usr/bin", "/bin"])
-        argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+        # bwrap itself starts with an empty environment: it stays alive as the sandbox's
+        # pid 1, whose /proc/1/environ the sandbox can read (the host's tokens and keys).
+        argv = ["env", "-i", shutil.which("bwrap") or "bwrap"]
+        argv += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         if cfg.network:
             argv.append("--share-net")
         argv += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        binds = ["/usr", "/etc"]
         for link in ("bin", "lib", "lib64", "sbin"):
             target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
             if target:
                 argv += ["--symlink", target, f"/{link}"]
             elif os.path.isdir(f"/{link}"):
                 argv += ["--ro-bind", f"/{link}", f"/{link}"]
+                binds.append(f"/{link}")
         for secret in ("/etc/shadow", "/etc/gshadow"):
             if os.path.exists(secret):
                 argv += ["--ro-bind", "/dev/null", secret]
@@ -211,6 +221,13 @@ class BwrapSandbox(ShellSandbox):
         for prefix in prefixes:  # after the /tmp tmpfs, which would hide a venv under /tmp
             if prefix != "/usr" and not prefix.startswith("/usr/"):
                 argv += ["--ro-bind", prefix, prefix]
+                binds.append(prefix)
+        try:  # last of the binds: an empty read-only tmpfs over every folder of task data
+            hidden = hostusr.masks((b, b) for b in binds)
+        except ValueError as e:
+            raise SandboxError(str(e)) from e
+        for folder in hidden:
+            argv += ["--tmpfs", folder, "--remount-ro", folder]
         if cfg.proxy_socket:
             host_dir, inside = route.socket_mount(cfg.proxy_socket)
             argv += ["--bind", host_dir, inside]

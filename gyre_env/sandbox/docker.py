@@ -2,7 +2,9 @@
 
 Covers: the container's own filesystem, pid, IPC and network namespaces (network
 ``none`` by default, so only loopback exists inside); memory (no swap), CPU and pids
-limits from cgroups; ``init=True`` so orphans are reaped; labels naming the owner
+limits from cgroups; ``init=True`` so orphans are reaped; an image's read-only host binds
+(``gyre.host_mounts``, host-usr images) with every folder of task data under them covered
+by an empty tmpfs (``hostusr.masks``); labels naming the owner
 process, creation time and TTL so ``reap()`` can remove leaked containers. Does not
 cover: kernel exploits or a daemon shared with untrusted users.
 """
@@ -17,7 +19,7 @@ import threading
 import uuid
 
 from gyre_env._optional import require
-from gyre_env.sandbox import lifecycle, route
+from gyre_env.sandbox import hostusr, lifecycle, route
 from gyre_env.sandbox.base import (
     WORKSPACE,
     ExecResult,
@@ -104,14 +106,17 @@ class DockerSandbox(ShellSandbox):
             ) from e
         raw_mounts = (image.labels or {}).get(MOUNTS_LABEL, "[]")
         try:
-            volumes = {
-                host: {"bind": inside, "mode": "ro"} for host, inside in json.loads(raw_mounts)
-            }
+            binds = [(str(host), str(inside)) for host, inside in json.loads(raw_mounts)]
         except (ValueError, TypeError) as e:
             raise SandboxError(
                 f"image {cfg.image!r} has a malformed {MOUNTS_LABEL} label {raw_mounts!r}; "
                 "expected JSON [[host, container], ...]"
             ) from e
+        volumes = {host: {"bind": inside, "mode": "ro"} for host, inside in binds}
+        try:  # host binds show no task data: an empty read-only tmpfs over each such folder
+            hidden = {path: "ro,size=4k" for path in hostusr.masks(binds)}
+        except ValueError as e:
+            raise SandboxError(f"image {cfg.image!r}: {e}") from e
         if cfg.proxy_socket:
             host_dir, inside = route.socket_mount(cfg.proxy_socket)
             volumes[host_dir] = {"bind": inside, "mode": "rw"}
@@ -129,6 +134,7 @@ class DockerSandbox(ShellSandbox):
                 pids_limit=cfg.pids,
                 working_dir=WORKSPACE,
                 volumes=volumes,
+                tmpfs=hidden,
                 labels={LABEL_KIND: "1", **lifecycle.owner_labels(cfg.ttl_s)},
                 auto_remove=False,
             )

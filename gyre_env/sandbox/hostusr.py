@@ -6,6 +6,20 @@ It builds in under a second and needs no network, but the sandbox sees the host'
 and nothing else (pytest and ruff must be installed in the host Python running gyre), and
 the image is not self-contained: it cannot be moved to another machine. Built by
 ``gyre_env.sandbox.images``; the binds travel in the image label ``gyre.host_mounts``.
+
+Task data is never visible through these binds (nor through bubblewrap's, which bind the
+same host folders): ``task_data_folders`` finds, when a sandbox starts, every host folder
+under a bind that holds task data, and the sandbox covers each with an empty read-only
+tmpfs. Those are: every ``gyre_env`` package in a Python folder under a bind (a
+non-editable ``pip install gyre-env`` ships the built-in tasks' hidden tests and gold in
+site-packages, and the ``nano`` generator renders any nano task's hidden tests and gold),
+the source checkout of the running ``gyre_env`` when it lies under a bind (an editable
+install, e.g. ``pip install -e git+...`` into a venv's ``src/``), and Gyre's cache folders
+(``cache_root()``: generated nano tasks; ``~/.cache/gyre``: NL2Repo overlays and gold
+trees). Not covered: task folders of your own (an NL2RepoBench checkout or its ``tests=``,
+a ``cache_dir=`` of ``load_nl2repo``, ``load_suite("/some/folder")``) placed under ``/usr``,
+``/etc`` or the Python prefix: keep them elsewhere (e.g. in your home folder, which no
+sandbox binds). No sandbox needs ``gyre_env`` itself: the grader copies in the files it runs.
 """
 
 from __future__ import annotations
@@ -15,6 +29,10 @@ import os
 import re
 import sys
 import tarfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from gyre_env.paths import cache_root
 
 # Top-level folders that are symlinks into /usr on merged-/usr hosts (else bound). /sbin is
 # always a real folder: Docker mounts its init at /sbin/docker-init, which cannot land in
@@ -63,6 +81,68 @@ def mounts() -> list[tuple[str, str]]:
         if re.search(r"[\s:,\"'\\]", host):
             raise ValueError(f"cannot bind {host!r} into a host-usr image: odd characters")
     return binds
+
+
+def _package_dir() -> Path:
+    """The folder of the running ``gyre_env`` package (site-packages or a checkout)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def task_data_folders(roots: Iterable[str]) -> list[str]:
+    """Host folders (real paths) at or under ``roots`` (host folders a sandbox binds) that
+    hold task data, outermost only, sorted: see the module docstring for which.
+
+    Computed from where the data really is on this host: the import location of the
+    running ``gyre_env``, the site folders under each root (any Python version) and of
+    ``sys.path``, and ``cache_root()``. A root that lies inside one of them cannot be bound
+    without showing task data: ``ValueError`` names it."""
+    roots = [os.path.realpath(r) for r in roots]
+    package = _package_dir()
+    candidates = [package]
+    # A checkout (its .git, tests and build/ hold the tasks too), unless a root lies inside
+    # it: a project's own .venv is bound, the checkout around it is not.
+    checkout = str(package.parent)
+    if (package.parent / "pyproject.toml").is_file() and not any(
+        _within(root, checkout) for root in roots
+    ):
+        candidates.append(package.parent)
+    for root in roots:
+        for pattern in (
+            "lib*/python3*/*-packages/gyre_env",
+            "local/lib*/python3*/*-packages/gyre_env",
+        ):
+            candidates += Path(root).glob(pattern)
+    candidates += [Path(entry or ".") / "gyre_env" for entry in sys.path]
+    candidates += [cache_root(), Path.home() / ".cache" / "gyre"]
+    found: set[str] = set()
+    for candidate in candidates:
+        if not candidate.is_dir():
+            continue
+        real = os.path.realpath(candidate)
+        for root in roots:
+            if _within(root, real):
+                raise ValueError(
+                    f"refusing to bind {root} into a sandbox: it lies inside {real}, which "
+                    "holds task data (hidden tests, gold); move the task data or the Python"
+                )
+            if _within(real, root):
+                found.add(real)
+    return sorted(f for f in found if not any(f != o and _within(f, o) for o in found))
+
+
+def masks(binds: Iterable[tuple[str, str]]) -> list[str]:
+    """Container paths to cover with an empty read-only tmpfs so that ``binds``
+    (``(host, container)`` pairs) show no task data (``task_data_folders``)."""
+    binds = [(os.path.realpath(h), c) for h, c in binds]
+    out = []
+    for folder in task_data_folders(h for h, _ in binds):
+        host, inside = max((b for b in binds if _within(folder, b[0])), key=lambda b: len(b[0]))
+        out.append(inside.rstrip("/") + folder[len(host) :])
+    return out
 
 
 def image_env() -> dict[str, str]:
