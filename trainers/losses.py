@@ -69,8 +69,10 @@ class LossConfig:
     aggregation: Literal["token", "sequence"] = "token"
     """``token`` or ``sequence`` (see the module docstring)."""
     max_staleness: int | None = None
-    """Tokens sampled more than this many weight versions ago get zero weight (None: all
-    count; the decoupled objective corrects them instead)."""
+    """Tokens sampled more than this many weight versions ago get zero weight and are
+    counted (``stale_tokens``). None: all count in the synchronous loop (the decoupled
+    objective corrects them instead); ``gyre train --elastic`` sets its driver's staleness
+    bound here, so the bound that gates admission also gates the loss."""
     temperature: float = 1.0
     """Sampling temperature of the rollouts: logprobs are of ``softmax(logits / T)``."""
 

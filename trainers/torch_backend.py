@@ -208,7 +208,8 @@ class TorchTrainer:
         as ``train_step``. ``tensors``: the units' ``tensors(self.device)``, when the
         caller built them already (built here otherwise). With ``kl_coef > 0`` the
         reference must already be set (every rank's the same weights: ``set_reference``
-        when RL starts). Returns the summed loss and tokens."""
+        when RL starts). Returns the summed loss and tokens, and the loss tokens left out
+        as sampled past ``loss.max_staleness`` (``stale_tokens``)."""
         batch = share_batch(self, units, kind)
         if batch is None:
             return {"loss": 0.0, "tokens": 0.0}
@@ -219,7 +220,8 @@ class TorchTrainer:
         sums = accumulate(
             batch, tensors, lambda p, t: self._microbatch(p, t, rl, agg, normalizer, version)
         )
-        return {"loss": sums["loss"], "tokens": float(batch.num_tokens)}
+        stale = sums.get("stale_tokens", 0.0)
+        return {"loss": sums["loss"], "tokens": float(batch.num_tokens), "stale_tokens": stale}
 
     def grad_buffers(self) -> list[torch.Tensor]:
         """The parameters' ``.grad`` in model order, zeros allocated for a parameter that

@@ -695,10 +695,27 @@ class EmbeddedEngine:
                     f"update_weights: {name} has shape {tuple(tensor.shape)}, "
                     f"expected {tuple(own[name].shape)}"
                 )
+        self._check_whole(state)
         with self._torch.no_grad():
             for name, tensor in state.items():
                 own[name].copy_(tensor.to(own[name].device, own[name].dtype))
         self._weights_modified = True
+
+    def _check_whole(self, state: Mapping) -> None:
+        """A new version is accepted only whole: every parameter of the model present (a
+        tied one under any of its names), else the engine would serve a mix of two versions
+        under the new number. Raises naming the first few missing; nothing is copied."""
+        aliases: dict[int, list[str]] = {}
+        for name, param in self._model.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(param), []).append(name)
+        missing = [names[0] for names in aliases.values() if not any(n in state for n in names)]
+        if missing:
+            more = ", ..." if len(missing) > 5 else ""
+            raise ValueError(
+                f"update_weights: a version is accepted only whole; {len(missing)} of the "
+                f"model's {len(aliases)} parameters are missing ({', '.join(missing[:5])}"
+                f"{more}); the engine keeps version {self._weight_version}"
+            )
 
     def _do_release(self) -> None:
         """Drop the weights; updated ones are first copied to CPU (reloading model_path

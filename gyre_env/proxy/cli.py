@@ -66,8 +66,36 @@ def _env(name: str | None, what: str) -> str | None:
     return value
 
 
+def check_port(host: str, port: int) -> None:
+    """Refuse, by number, a ``host:port`` this process cannot listen on (another server
+    holds it, or the address is not this machine's), before anything slow is loaded: else
+    the model loads first and the bind fails after it with a raw ``Errno 98`` traceback.
+    Binds the way the server will (``SO_REUSEADDR``), then lets go."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise SystemExit(f"gyre proxy serve: --host {host!r} does not resolve: {e}") from e
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise SystemExit(
+                    f"gyre proxy serve: port {port} on {host} is in use: pick another --port "
+                    f"(or stop what listens there: `ss -ltnp 'sport = :{port}'` names it)"
+                ) from e
+            raise SystemExit(f"gyre proxy serve: cannot listen on {host}:{port}: {e}") from e
+
+
 def _serve(args: argparse.Namespace) -> int:
     from gyre_env.proxy.server import ProxyConfig, ProxyServer
+
+    check_port(args.host, args.port)  # before any model loads
     from gyre_env.trajectory.records import JsonlSink
 
     config = ProxyConfig(

@@ -57,6 +57,34 @@ def daemon_available() -> bool:
         return False
 
 
+def require_docker() -> None:
+    """Raise ``SandboxError`` naming the start or install command when no Docker daemon
+    answers: checked before a run's first episode, since without a daemon every episode
+    would end as ``infra_error`` and the failure would surface far from its cause."""
+    import os
+
+    where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        docker_client().ping()
+        return
+    except ImportError as e:  # the docker SDK itself (MissingExtraError names the pip install)
+        raise SandboxError(f"sandbox backend 'docker': {e}") from e
+    except Exception as e:  # noqa: BLE001 - any failure to reach the daemon is this one
+        reason = f"{type(e).__name__}: {e}"
+    installed = shutil.which("docker") is not None or shutil.which("dockerd") is not None
+    fix = (
+        "start it (`sudo systemctl start docker`, or `sudo dockerd &`; in this repository's "
+        "CI image `bash .ci/setup`)"
+        if installed
+        else "install Docker (https://docs.docker.com/engine/install/) and start it "
+        "(`sudo systemctl start docker`)"
+    )
+    raise SandboxError(
+        f"sandbox backend 'docker': the Docker daemon is not reachable at {where} ({reason}): "
+        f"{fix}; or choose sandbox_backend = 'bwrap'"
+    )
+
+
 class DockerSandbox(ShellSandbox):
     """A container started from ``config.image`` with a persistent ``docker exec`` shell."""
 

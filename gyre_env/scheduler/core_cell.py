@@ -100,11 +100,12 @@ class CoreStep:
         norm = max(norm, 1.0)
         for t in {id(t): t for t in (self.core, *trainers)}.values():
             t.zero_grads()
-        sums = {"loss": 0.0, "tokens": 0.0}
+        sums = {"loss": 0.0, "tokens": 0.0, "stale_tokens": 0.0}
         for i, (trainer, share) in enumerate(zip(trainers, shares, strict=True)):
             part = trainer.accumulate_grads(share, kind, norm, self.version, tensors=tensors[i])
             tensors[i] = None  # this share's inputs are done with
-            sums = {k: sums[k] + part[k] for k in sums}
+            # stale_tokens: loss tokens past the loss's max_staleness, weighted 0
+            sums = {k: sums[k] + part.get(k, 0.0) for k in sums}
         with torch.no_grad():
             for sat, share in zip(trainers, shares, strict=True):
                 if sat is self.core or not share:  # no share: no gradients to add

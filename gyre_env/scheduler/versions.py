@@ -30,10 +30,23 @@ class WeightBoard:
         self._tensors = dict(tensors or {})
 
     def publish(self, version: int, tensors: Mapping) -> None:
-        """Make ``tensors`` (copied) the newest weights under ``version``."""
-        copied = {name: t.detach().clone() for name, t in tensors.items()}
+        """Make ``tensors`` (copied) the newest weights under ``version``. Once weights are
+        on the board, a version is accepted only whole: the same tensor names, shapes and
+        dtypes (``IncompleteVersionError`` naming what is missing; the board keeps the
+        old version), since every cell that syncs from it would load a mix."""
+        from gyre_env.weightsync.base import check_whole, layout_of
+
         with self._lock:
             if version <= self._version and self._tensors:
+                raise ValueError(f"version {version} is not newer than {self._version}")
+            if self._tensors:
+                check_whole(
+                    layout_of(tensors), layout_of(self._tensors), version=version,
+                    peer="the weight board",
+                )  # fmt: skip
+        copied = {name: t.detach().clone() for name, t in tensors.items()}
+        with self._lock:
+            if version <= self._version and self._tensors:  # another publish meanwhile
                 raise ValueError(f"version {version} is not newer than {self._version}")
             self._version, self._tensors = version, copied
 

@@ -353,22 +353,12 @@ class TrainConfig:
     def _check_env_kwargs(self) -> None:
         """``tasks.env_kwargs`` checked against the NL2Repo env's options (a custom env,
         registered with another entry point, checks its own when it is made)."""
-        import gymnasium as gym
-
-        import gyre_env  # noqa: F401  (registers the Gyre env ids)
-        from gyre_env.envs.nl2repo.registration import ENTRY_POINT
-
-        spec = gym.registry.get(self.tasks.env_id)
-        if spec is None or spec.entry_point != ENTRY_POINT:
+        env = self._env_config()
+        if env is None:
             return
-        from gyre_env.envs.nl2repo.env import NL2RepoConfig
         from gyre_env.sandbox import SandboxConfig, SandboxError, choose_backend
         from gyre_env.sandbox.bwrap import require_bwrap
 
-        try:
-            env = NL2RepoConfig.from_kwargs(**self.tasks.env_kwargs)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"tasks.env_kwargs: {e}") from None
         # the sandboxes' options, read by the env only when it starts one
         for key, options in (("sandbox", env.sandbox), ("grading.sandbox", env.grading.sandbox)):
             try:
@@ -381,6 +371,68 @@ class TrainConfig:
                 if backend != "auto" and choose_backend(backend) == "bwrap":
                     require_bwrap()
         except (ValueError, SandboxError) as e:
+            raise ConfigError(f"tasks.env_kwargs: {e}") from None
+
+    def check_sandboxes(self) -> None:
+        """Before any work (``gyre train``, ``--elastic``): the sandbox backends the
+        episodes and their grading will use are there, and none of them is the ``local``
+        backend, which isolates nothing, unless the config names it.
+
+        A Docker backend needs a daemon that answers (without one every episode would be
+        an ``infra_error`` and SFT would blame the tasks' gold); ``auto`` resolves here as
+        the env will resolve it, and resolving to ``local`` (no daemon, no bubblewrap) is
+        refused: a policy trained against an unisolated workspace can reach the host.
+        ``sandbox_backend = "local"`` (or ``GYRE_SANDBOX=local``) asks for it by name."""
+        import os
+
+        env = self._env_config()
+        if env is None:
+            return
+        from gyre_env.sandbox import SandboxError, choose_backend
+        from gyre_env.sandbox.docker import require_docker
+
+        grading = env.grading.backend
+        wanted = {
+            "tasks.env_kwargs.sandbox_backend": env.sandbox_backend,
+            "tasks.env_kwargs.grading.backend": env.sandbox_backend
+            if grading == "auto"
+            else grading,
+        }
+        for key, backend in wanted.items():
+            try:
+                name = choose_backend(backend)
+                if name == "docker":
+                    require_docker()
+            except (ValueError, SandboxError) as e:
+                raise ConfigError(f"{key}: {e}") from None
+            by_name = backend == "local" or os.environ.get("GYRE_SANDBOX") == "local"
+            if name == "local" and not by_name:
+                raise ConfigError(
+                    f"{key} = {backend!r} resolved to the 'local' sandbox (no Docker daemon "
+                    "answers and bubblewrap is not installed), which isolates nothing: "
+                    "gyre train refuses to train a policy against the host. Start Docker "
+                    "(`sudo systemctl start docker`) or install bubblewrap (`apt install "
+                    "bubblewrap`); or, knowing the agent's code runs on this machine "
+                    "unconfined, ask for it by name: --set "
+                    "tasks.env_kwargs.sandbox_backend='local'"
+                )
+
+    def _env_config(self):
+        """``tasks.env_kwargs`` as the NL2Repo env reads them (``NL2RepoConfig``), None for
+        an env registered with another entry point."""
+        import gymnasium as gym
+
+        import gyre_env  # noqa: F401  (registers the Gyre env ids)
+        from gyre_env.envs.nl2repo.registration import ENTRY_POINT
+
+        spec = gym.registry.get(self.tasks.env_id)
+        if spec is None or spec.entry_point != ENTRY_POINT:
+            return None
+        from gyre_env.envs.nl2repo.env import NL2RepoConfig
+
+        try:
+            return NL2RepoConfig.from_kwargs(**self.tasks.env_kwargs)
+        except (TypeError, ValueError) as e:
             raise ConfigError(f"tasks.env_kwargs: {e}") from None
 
     def validate(self) -> None:

@@ -41,7 +41,7 @@ from gyre_env.train.checkpoint import ELASTIC_CHECKPOINT, load_elastic, save_ela
 from gyre_env.train.config import TrainConfig
 from gyre_env.train.loop import train
 from gyre_env.train.rollout import rollout
-from gyre_env.train.run import evaluate_heldout
+from gyre_env.train.run import evaluate_heldout, sigterm_as_ctrl_c
 from gyre_env.train.setup import (
     make_agent,
     make_trainer,
@@ -164,11 +164,17 @@ def train_elastic(cfg: TrainConfig, cells: int, ray: str | None = None, *, resum
     phase from the last checkpoint; see the module docstring). ``ray``:
     the cells' trainers are Ray actors in one placement group (``ray_cells.RayCells``;
     ``auto``, ``local`` or a cluster address, see ``ray_cells.connect``); None: all in
-    this process."""
+    this process. SIGTERM (a preemption) stops it as Ctrl-C does."""
+    with sigterm_as_ctrl_c():
+        return _train_elastic(cfg, cells, ray, resume=resume)
+
+
+def _train_elastic(cfg: TrainConfig, cells: int, ray: str | None, *, resume: bool):
     from gyre_env.scheduler.driver import CallClock
 
-    cfg = _without_gold_steps(cfg)
+    cfg = _bounded_staleness(_without_gold_steps(cfg))
     cfg.validate()
+    cfg.check_sandboxes()  # a missing daemon or an unisolated backend: before any work
     _check_out(cfg.out_dir, resume)
     if resume:
         _check_unfinished(cfg)
@@ -227,6 +233,22 @@ def _without_gold_steps(cfg: TrainConfig) -> TrainConfig:
         file=sys.stderr,
     )
     return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps_per_iteration=0))
+
+
+def _bounded_staleness(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` whose loss zero-weights the tokens sampled more than the driver's staleness
+    bound behind the trainer (``algorithm.loss.max_staleness``; unset: the driver's
+    default bound, ``ElasticConfig.staleness_bound``). The driver admits rollouts within
+    the same bound, but admission alone lets a sample past it be trained on (a long group,
+    a lagging cell, groups carried over a resume); the loss drops those and counts them
+    (``stale_tokens``)."""
+    from gyre_env.scheduler.driver import ElasticConfig
+
+    loss = cfg.algorithm.loss
+    if loss.max_staleness is not None:
+        return cfg
+    bounded = dataclasses.replace(loss, max_staleness=ElasticConfig().staleness_bound)
+    return dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, loss=bounded))
 
 
 def _connect_ray(ray: str, cells: int) -> dict:
@@ -291,6 +313,7 @@ def _run_phase(cfg, pool, store, rl_tasks, clock, agent, logger, saved, resume: 
         steps=sched.iterations * sched.optimizer_steps,
         groups_per_step=max(1, r.tasks_per_iteration // sched.optimizer_steps),
         agent_slots=max(1, r.parallel // r.group_size), timeout_s=24 * 3600.0,
+        staleness_bound=cfg.algorithm.loss.max_staleness,  # the loss's too (_bounded_staleness)
         profile_dir=str(out / "profiles") if cfg.logging.profile_switches else None,
     )  # fmt: skip
     policy = WaterlevelPolicy()

@@ -9,8 +9,9 @@
 
 The run's state and how each phase is done are ``train.run.TrainRun``'s; this module
 says only what happens in which order. A cursor (``train.checkpoint.Cursor``) records
-the phase, so ``resume`` continues where a run stopped: Ctrl-C is taken at once during
-rollouts and at the next step boundary during training, and saves a checkpoint.
+the phase, so ``resume`` continues where a run stopped: Ctrl-C or SIGTERM is taken at
+once during rollouts and at the next step boundary during training, and saves a
+checkpoint.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> TrainSummary:
         summary.interrupted = True
         run.save()
         print(
-            f"\ninterrupted: checkpoint saved at step {run.trainer.version}; continue with "
+            f"\n{stop.describe()}: checkpoint saved at step {run.trainer.version}; "
+            "continue with "
             f"`gyre train ... --out {run.out} --resume`",
             file=sys.stderr,
         )

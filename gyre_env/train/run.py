@@ -20,6 +20,7 @@ import random
 import shutil
 import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -68,26 +69,40 @@ class TrainSummary:
         return rates[-1] if rates else None
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""Ctrl-C, and SIGTERM: what a preempting scheduler (Slurm, Kubernetes, a spot VM) or
+``kill`` sends before it kills. Both stop the run with a checkpoint."""
+
+
 class Stop:
-    """Ctrl-C: during rollouts it interrupts at once (the runner cancels its episodes);
-    during training it is taken at the next step boundary, so no step is half applied."""
+    """Ctrl-C or SIGTERM: during rollouts it interrupts at once (the runner cancels its
+    episodes); during training it is taken at the next step boundary, so no step is half
+    applied. Either way the run saves a checkpoint and exits."""
 
     def __init__(self) -> None:
         self.requested = False
         self.training = False
+        self.signal: int | None = None
 
     def __call__(self, signum, frame) -> None:
-        self.requested = True
+        self.requested, self.signal = True, signum
         if not self.training:
             raise KeyboardInterrupt
 
     @contextmanager
     def installed(self):
-        previous = signal.signal(signal.SIGINT, self)
+        previous = {s: signal.signal(s, self) for s in STOP_SIGNALS}
         try:
             yield self
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def describe(self) -> str:
+        """How the run was stopped, for the message that says where it stands."""
+        if self.signal == signal.SIGTERM:
+            return "terminated (SIGTERM)"
+        return "interrupted"
 
     @contextmanager
     def train_phase(self):
@@ -106,6 +121,7 @@ class TrainRun:
 
     def __init__(self, cfg: TrainConfig, *, resume: bool):
         cfg.validate()
+        cfg.check_sandboxes()  # a missing daemon or an unisolated backend: before any work
         self.cfg, self.resume, self.out = cfg, resume, cfg.out_dir
         ckpt = self.out / "checkpoints" / "ckpt.pt"
         if resume:
@@ -223,9 +239,7 @@ class TrainRun:
         finally:
             self.service.stop()
             self.service = service
-        if stats.mean_score < 1.0:
-            bad = [r.task_id for r in stats.results if r.score != 1.0]
-            raise RuntimeError(f"gold replay did not solve {bad[:5]}: check the tasks' gold")
+        gold_failure(stats.results)
         self.logger.log("phase", {"phase": "sft_record", "seconds": time.monotonic() - t0})
 
     def gold_batch(self, rng: np.random.Generator):
@@ -396,6 +410,44 @@ class TrainRun:
             if rate is not None:
                 say(f"{eval_label(self.cfg)} pass rate, {phase}: {rate:.3f}")
         say(f"wall time {summary.wall_s:.0f}s; run folder {self.out}")
+
+
+@contextmanager
+def sigterm_as_ctrl_c():
+    """SIGTERM handled as Ctrl-C (``KeyboardInterrupt`` in the main thread) while the block
+    runs: a preempted elastic run stops the way a Ctrl-C stops it. Outside the main
+    thread (where no handler can be installed) it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def gold_failure(results: list) -> None:
+    """Raise naming why gold replay fell short, if it did. Episodes that never got graded
+    (``infra_error``: a sandbox that did not start, a grader that crashed) are the
+    machine's fault, not the gold's: when no gold episode was graded, the error counts
+    them and gives the first reason; only gold that was graded below 1 blames the tasks.
+    (A few infra errors among solved gold are left out, as everywhere in training.)"""
+    infra = [r for r in results if r.outcome == "infra_error"]
+    valid = [r for r in results if r.reward_valid and r.score is not None]
+    bad = [r.task_id for r in valid if r.score != 1.0]
+    reason = next((r.message for r in infra if r.message), "no reason recorded")
+    also = f" (and {len(infra)} infra errors, not graded: {reason})" if infra else ""
+    if bad:
+        raise RuntimeError(f"gold replay did not solve {bad[:5]}: check the tasks' gold{also}")
+    if not valid:
+        if infra:
+            raise RuntimeError(
+                f"gold replay: {len(infra)} of {len(results)} gold episodes were infra errors "
+                f"(never graded; not the gold's fault): {reason}"
+            )
+        outcomes = sorted({r.outcome for r in results})
+        raise RuntimeError(f"gold replay: no gold episode was graded (outcomes {outcomes})")
 
 
 def evaluate_heldout(

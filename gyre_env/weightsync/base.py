@@ -51,6 +51,71 @@ class VersionOrderError(WeightSyncError, ValueError):
     """A version that is not newer than the last one published or loaded."""
 
 
+class IncompleteVersionError(WeightSyncError, ValueError):
+    """A version that lacks some of the model's tensors, or carries one of another shape or
+    dtype: refused whole, so the previous version stays (a partial update would serve a
+    mix of two versions under the new version's number)."""
+
+
+Layout = dict[str, tuple[tuple[int, ...], str]]
+"""Tensor name -> (shape, dtype name without ``torch.``): what makes a version whole."""
+
+
+def layout_of(named: Iterable | Mapping) -> Layout:
+    """The ``Layout`` of ``(name, tensor)`` pairs (or a mapping of them)."""
+    items = named.items() if isinstance(named, Mapping) else named
+    return {n: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in items}
+
+
+def check_whole(got: Layout, expected: Layout, *, version: int, peer: str) -> None:
+    """Raise ``IncompleteVersionError`` unless ``got`` has exactly ``expected``'s tensors,
+    shapes and dtypes; the error names the first few missing, unknown and mismatched."""
+    missing = [n for n in expected if n not in got]
+    unknown = [n for n in got if n not in expected]
+    wrong = [
+        f"{n}: {got[n]} not {expected[n]}"
+        for n in expected
+        if got.get(n, expected[n]) != expected[n]
+    ]
+    problems = []
+    if missing:
+        more = ", ..." if len(missing) > 5 else ""
+        problems.append(
+            f"{len(missing)} of its {len(expected)} tensors missing ({', '.join(missing[:5])}{more})"
+        )
+    if unknown:
+        problems.append(f"unknown tensors {unknown[:5]}")
+    if wrong:
+        problems.append(f"shape/dtype mismatch {wrong[:3]}")
+    if problems:
+        raise IncompleteVersionError(
+            f"version {version} refused, a version is accepted only whole: " + "; ".join(problems),
+            peer=peer,
+        )
+
+
+def manifest_layout(manifest: Manifest) -> Layout:
+    """The ``Layout`` a manifest describes."""
+    return {t.name: (tuple(t.shape), t.dtype) for b in manifest.buckets for t in b.tensors}
+
+
+class WholeVersions:
+    """The layout of the first version a publisher sends or a receiver stages; every later
+    version must have the same tensors, shapes and dtypes (``check_whole``). A trainer
+    publishes all its parameters every time, so a version with fewer is a bug upstream."""
+
+    def __init__(self, peer: str):
+        self.peer = peer
+        self.layout: Layout | None = None
+
+    def check(self, layout: Layout, version: int) -> None:
+        """Accept ``layout`` as the first, or check it against the first."""
+        if self.layout is None:
+            self.layout = dict(layout)
+            return
+        check_whole(layout, self.layout, version=version, peer=self.peer)
+
+
 @dataclass(kw_only=True)
 class SyncConfig:
     """Knobs every transport shares."""

@@ -32,12 +32,16 @@ from typing import TYPE_CHECKING
 
 from gyre_env._optional import require
 from gyre_env.weightsync.base import (
+    IncompleteVersionError,
     Manifest,
     SyncConfig,
     SyncTimeoutError,
     WeightSyncError,
+    WholeVersions,
     alloc_buckets,
     check_version,
+    layout_of,
+    manifest_layout,
     named_list,
     open_store,
     plan_buckets,
@@ -197,6 +201,7 @@ class DistPublisher:
         self._plan_key: tuple | None = None
         self._manifest: Manifest | None = None
         self._layout_id = 0
+        self._whole = WholeVersions("this publisher")
 
     def _ensure_group(self) -> _Group:
         if self._group is None:
@@ -242,6 +247,7 @@ class DistPublisher:
         """Broadcast ``version`` to every receiver; blocks until each has it staged."""
         named = named_list(named_tensors)
         check_version(version, self.version, peer="this publisher")
+        self._whole.check(layout_of(named), version)  # every tensor of the first version
         manifest = self._plan(named, version)
         if self._group is None:
             self._generation += 1  # receivers join the generation named in ``latest``
@@ -323,6 +329,7 @@ class DistReceiver:
         self._manifest: Manifest | None = None
         self._layout_id: int | None = None
         self._layout: tuple | None = None
+        self._whole = WholeVersions(self.peer)
 
     def _board(self):
         if self._store is None:
@@ -360,6 +367,8 @@ class DistReceiver:
             self._group = _Group(self.config, self.rank, self._board(), generation)
         try:
             return self._stage(after)
+        except IncompleteVersionError:
+            raise  # received in full: the group is in step, only the version is refused
         except RuntimeError as e:
             self._group = None
             self._store = None  # reconnect: a restarted publisher serves a new store
@@ -392,6 +401,9 @@ class DistReceiver:
         ]
         for work in works:
             work.wait()
+        # received in full (the group stays in step), but a version lacking tensors of the
+        # first one is not staged: no ``done``, and the engine keeps its version
+        self._whole.check(manifest_layout(manifest), version)
         tensors = dict(self._tensors)
         self._store.set(f"done/{version}/{self.rank}", "1")
         return version, tensors

@@ -17,7 +17,13 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from gyre_env.weightsync.base import SyncConfig, check_version, named_list
+from gyre_env.weightsync.base import (
+    SyncConfig,
+    WholeVersions,
+    check_version,
+    layout_of,
+    named_list,
+)
 from gyre_env.weightsync.replicas import RoutingGuard, engine_name, push_all
 
 if TYPE_CHECKING:
@@ -52,6 +58,7 @@ class InProcessPublisher:
         self.version: int | None = None
         self.latest: dict[str, torch.Tensor] | None = None
         self._own_loop: asyncio.AbstractEventLoop | None = None
+        self._whole = WholeVersions("in-process publisher")
 
     def publish(self, named_tensors: Mapping | Iterable, version: int) -> None:
         """Blocking :meth:`apublish` (from the trainer's thread, never the engines' loop)."""
@@ -65,11 +72,14 @@ class InProcessPublisher:
 
     async def apublish(self, named_tensors: Mapping | Iterable, version: int) -> None:
         """Swap ``version`` into every engine; the first failure is raised (naming its
-        engine) after all engines were tried, and that engine leaves routing."""
+        engine) after all engines were tried, and that engine leaves routing. A version
+        without every tensor of the first one is refused before any engine sees it
+        (``IncompleteVersionError``; each engine also checks against its own model)."""
         named = named_list(named_tensors)
         check_version(version, self.version, peer="in-process publisher")
         for engine in self.engines:
             check_version(version, engine.weight_version, peer=engine_name(engine))
+        self._whole.check(layout_of(named), version)  # every tensor of the first version
         self.version = version
         if self.keep_latest:
             self.latest = {n: t.detach().clone() for n, t in named}

@@ -40,7 +40,10 @@ from gyre_env.weightsync.base import (
     SyncConfig,
     SyncTimeoutError,
     WeightSyncError,
+    WholeVersions,
     check_version,
+    layout_of,
+    manifest_layout,
     named_list,
     open_store,
     pack_bucket,
@@ -147,11 +150,13 @@ class MooncakePublisher:
         self._slots: list[torch.Tensor] = []
         self._next_slot = 0
         self._posted: list[int] = []  # versions with a record on the board, oldest first
+        self._whole = WholeVersions(self.session)
 
     def publish(self, named_tensors: Mapping | Iterable, version: int) -> None:
         """Pack ``version`` into the next slot and post it; returns without waiting for readers."""
         named = named_list(named_tensors)
         check_version(version, self.version, peer=self.session)
+        self._whole.check(layout_of(named), version)  # every tensor of the first version
         manifest = plan_buckets(named, self.config.bucket_bytes, version)
         offsets = _offsets(manifest)
         if manifest.layout() != self._layout:
@@ -213,6 +218,7 @@ class MooncakeReceiver:
         self._staging: torch.Tensor | None = None
         self._views: dict = {}  # the tensors' views into _staging, made once per layout
         self._abandoned: list = []  # buffers a timed-out transfer may still write into
+        self._whole = WholeVersions(self.peer)
 
     def _store(self):
         if self._board is None:
@@ -248,6 +254,7 @@ class MooncakeReceiver:
                 continue
             record = json.loads(record)
             manifest = Manifest.from_dict(record["manifest"])
+            self._whole.check(manifest_layout(manifest), version)  # before any read
             where = record["where"]
             self._read(manifest, where)
             if self._get(f"slot/{where['slot']}") == str(version).encode():

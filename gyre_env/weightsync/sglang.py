@@ -35,7 +35,9 @@ from gyre_env.weightsync.base import (
     SyncConfig,
     SyncTimeoutError,
     WeightSyncError,
+    WholeVersions,
     check_version,
+    layout_of,
     named_list,
     plan_buckets,
 )
@@ -104,11 +106,13 @@ class SGLangPublisher:
         self.guard = RoutingGuard(router)
         self.version: int | None = None
         self._group = None
+        self._whole = WholeVersions("SGLang publisher")
 
     async def apublish(self, named_tensors: Mapping | Iterable, version: int) -> None:
         """Load ``version`` into every server; raises the first failure after trying all."""
         named = named_list(named_tensors)
         check_version(version, self.version, peer="SGLang publisher")
+        self._whole.check(layout_of(named), version)  # every tensor of the first version
         self.version = version
         if self.config.mode == "distributed":
             await self._ensure_group()

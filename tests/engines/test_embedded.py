@@ -301,10 +301,11 @@ def _perturbed_state(engine, scale=0.5, seed=0):
     import torch
 
     gen = torch.Generator().manual_seed(seed)
-    return {
+    return {  # a whole version (a partial one is refused): the projections perturbed
         name: tensor + scale * torch.randn(tensor.shape, generator=gen)
-        for name, tensor in engine._model.state_dict().items()
         if name.endswith("proj.weight")
+        else tensor.clone()
+        for name, tensor in engine._model.state_dict().items()
     }
 
 

@@ -197,3 +197,47 @@ def test_gyre_train_elastic_on_ray_ranks_resumes(tmp_path, monkeypatch, capsys):
     data = json.loads((out / "elastic.json").read_text())
     assert [s["step"] for s in data["steps"]] == [1, 2, 3, 4]
     _no_group_twice(data, carried, next_index)
+
+
+def test_gyre_train_elastic_stops_on_sigterm_like_ctrl_c_and_bounds_the_loss(
+    tmp_path, capsys, monkeypatch
+):
+    """A preempted elastic run (SIGTERM right after step 1's checkpoint) stops as Ctrl-C
+    stops it: exit 130, the last checkpoint named; ``--resume`` finishes. Before, SIGTERM
+    killed it outright. The run's loss carries the driver's staleness bound (config.json)
+    and its steps count the tokens past it."""
+    import os
+    import signal
+
+    from gyre_env.cli import main
+    from gyre_env.scheduler.driver import ElasticConfig
+    from gyre_env.train import elastic as elastic_train
+
+    real, handler = elastic_train._checkpointer, signal.getsignal(signal.SIGTERM)
+
+    def sigterm_after_step_1(*args):
+        on_step = real(*args)
+
+        def step(driver):
+            on_step(driver)
+            if len(driver.result.steps) == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        return step
+
+    out = tmp_path / "run"
+    sets = [a for kv in [*TINY, "sft.trajectories=0"] for a in ("--set", kv)]
+    argv = ["train", "--preset", "cpu-demo", "--elastic", "--cells", "2", "--out", str(out),
+            "--iterations", "1", "--no-progress", *sets]  # fmt: skip
+    monkeypatch.setattr(elastic_train, "_checkpointer", sigterm_after_step_1)
+    assert main(argv) == 130
+    assert "interrupted after 1 steps; the last checkpoint" in capsys.readouterr().out
+    assert (out / "checkpoints" / "elastic.pt").is_file() and not (out / "elastic.json").exists()
+    assert signal.getsignal(signal.SIGTERM) is handler  # restored
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["algorithm"]["loss"]["max_staleness"] == ElasticConfig().staleness_bound
+    monkeypatch.setattr(elastic_train, "_checkpointer", real)
+    assert main([*argv, "--resume"]) == 0
+    data = json.loads((out / "elastic.json").read_text())
+    assert [s["step"] for s in data["steps"]] == [1, 2]
+    assert all("stale_tokens" in s for s in data["steps"])

@@ -181,6 +181,50 @@ def test_stale_tokens_and_infra_error_episodes_get_zero_weight(model_dir):
     )
 
 
+def test_the_elastic_loss_zero_weights_and_counts_tokens_past_the_drivers_bound(model_dir):
+    """``gyre train --elastic`` gives the loss its driver's staleness bound (before, the
+    loss's ``max_staleness`` stayed None and the bound only gated admission): an elastic
+    step over a core and a satellite moves no weight on tokens sampled past it and counts
+    them (``stale_tokens``), exactly the loss tokens whose version lags too far."""
+    from gyre_env.scheduler.core_cell import CoreStep
+    from gyre_env.scheduler.driver import ElasticConfig
+    from gyre_env.train.config import TrainConfig, apply_overrides
+    from gyre_env.train.elastic import _bounded_staleness
+
+    bound = ElasticConfig().staleness_bound
+    loss = _bounded_staleness(TrainConfig()).loss_config()
+    assert loss.max_staleness == bound
+    mine = apply_overrides(TrainConfig(), ["algorithm.loss.max_staleness=5"])
+    assert _bounded_staleness(mine).loss_config().max_staleness == 5  # set: kept
+
+    def trainer():
+        return TorchTrainer(model_dir, TorchTrainerConfig(lr=1e-3, weight_decay=0.0), loss)
+
+    def stale_count(units, current):
+        total = 0
+        for u in units:
+            t = u.tensors("cpu")
+            sel = t["loss_mask"]
+            total += int(
+                ((t["weight_versions"][sel] < current - bound) & (t["weights"][sel] > 0)).sum()
+            )
+        return total
+
+    core, satellite = trainer(), trainer()
+    step = CoreStep(core, version=10)
+    before = {n: p.detach().clone() for n, p in core.model.named_parameters()}
+    stale = _batch(_group(np.random.default_rng(2), versions=[5, 6, 7, 7])).units
+    metrics = step.step(stale, [satellite])
+    assert metrics["loss"] == 0.0 and metrics["grad_norm"] == 0.0
+    assert metrics["stale_tokens"] == stale_count(stale, 10) > 0
+    for name, p in core.model.named_parameters():
+        assert torch.equal(p, before[name]), f"{name} moved on stale tokens only"
+    mixed = _batch(_group(np.random.default_rng(3), versions=[10, 9, 11, 5])).units
+    metrics = step.step(mixed, [satellite])
+    assert metrics["loss"] != 0.0
+    assert metrics["stale_tokens"] == stale_count(mixed, 11) > 0  # ep3's tokens only
+
+
 def test_sft_step_lowers_the_nll_of_the_sampled_tokens(model_dir):
     trees = _group(np.random.default_rng(4))
     trainer = TorchTrainer(model_dir, TorchTrainerConfig(lr=3e-3))
