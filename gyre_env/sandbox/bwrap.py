@@ -213,7 +213,7 @@ class BwrapSandbox(ShellSandbox):
                 argv += ["--ro-bind", prefix, prefix]
         if cfg.proxy_socket:
             host_dir, inside = route.socket_mount(cfg.proxy_socket)
-            argv += ["--bind", host_dir, inside]
+            argv += ["--ro-bind", host_dir, inside]  # not replaceable
         argv += ["bash", "--noprofile", "--norc"]
         if self.cgroup is not None:
             return self.cgroup.enter_prefix() + argv
