@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 
 def add_commands(sub) -> None:
@@ -44,7 +45,15 @@ def add_commands(sub) -> None:
         "--compact", action="store_true", help="write prompt suffixes only (see JsonlSink)"
     )
     serve.add_argument(
-        "--auth-token-env", default=None, help="environment variable holding a bearer token"
+        "--auth-token-env",
+        default=None,
+        help="environment variable holding a token every request must carry (needed to "
+        "listen beyond loopback)",
+    )
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow --host beyond loopback without a token (anyone reaching the port can use it)",
     )
     serve.add_argument("--max-new-tokens-cap", type=int, default=None)
     serve.add_argument(
@@ -93,7 +102,7 @@ def check_port(host: str, port: int) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gyre_env.proxy.server import ProxyConfig, ProxyServer
+    from gyre_env.proxy.server import ProxyConfig, ProxyServer, check_exposure
 
     check_port(args.host, args.port)  # before any model loads
     from gyre_env.trajectory.records import JsonlSink
@@ -102,10 +111,21 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         auth_token=_env(args.auth_token_env, "--auth-token-env"),
+        insecure=args.insecure,
         max_new_tokens_cap=args.max_new_tokens_cap,
         wait_timeout_s=args.wait_timeout,
         verify_render=args.verify_render,
     )
+    try:
+        check_exposure(config)  # before any model loads
+    except ValueError as e:
+        raise SystemExit(f"gyre proxy serve: {e}") from e
+    if args.insecure and not config.auth_token:
+        print(
+            f"warning: serving on {args.host} without a token (--insecure): anyone who reaches "
+            "the port can use this proxy",
+            file=sys.stderr,
+        )
     sink = JsonlSink(args.records, compact=args.compact) if args.records else None
     if args.upstream:
         from gyre_env.proxy.passthrough import UpstreamConfig

@@ -15,6 +15,7 @@ import re
 
 from gyre_env._optional import require
 from gyre_env.proxy import anthropic_api, openai_api
+from gyre_env.proxy.auth import SessionKeys, authorize, check_operator
 from gyre_env.proxy.bodies import BodyMemo
 from gyre_env.proxy.chat import RequestError
 from gyre_env.proxy.core import FLUSH, Finished, ProxyCore
@@ -39,22 +40,18 @@ except ImportError:  # pragma: no cover - depends on the environment
         return json.dumps(obj, ensure_ascii=False).encode()
 
 
-def resolve_session(config, headers, path_session: str | None) -> str:
+def resolve_session(config, keys: SessionKeys, headers, path_session, *, sandbox=False) -> str:
     """The session of a request: its ``/s/<session>`` path, else its API key (see
-    :class:`~gyre_env.proxy.server.ProxyConfig`), else ``default``."""
-    key = headers.get("x-api-key") or ""
-    auth = headers.get("authorization") or ""
-    if not key and auth.lower().startswith("bearer "):
-        key = auth[7:].strip()
-    session = path_session
-    if config.auth_token:
-        token = config.auth_token
-        if key.startswith(token + ":") and len(key) > len(token) + 1:
-            session = session or key[len(token) + 1 :]
-        elif key != token:
-            raise RequestError("invalid or missing API key", status=401)
-    elif session is None and config.sessions_by_api_key and key:
-        session = key
+    :class:`~gyre_env.proxy.server.ProxyConfig`), else ``default``; 401 when the request
+    may not use it (:func:`~gyre_env.proxy.auth.authorize`)."""
+    session = authorize(
+        config.auth_token,
+        keys,
+        headers,
+        path_session,
+        sessions_by_api_key=config.sessions_by_api_key,
+        sandbox=sandbox,
+    )
     session = session or "default"
     if not _SESSION_RE.match(session):
         raise RequestError(f"bad session name {session[:40]!r}: use letters, digits and ._:-")
@@ -64,10 +61,17 @@ def resolve_session(config, headers, path_session: str | None) -> str:
 class Routes:
     """The endpoints; :meth:`install` adds them to a FastAPI/Starlette app."""
 
-    def __init__(self, config, core: ProxyCore | None, passthrough: Passthrough | None):
+    def __init__(
+        self,
+        config,
+        core: ProxyCore | None,
+        passthrough: Passthrough | None,
+        keys: SessionKeys | None = None,
+    ):
         responses = require("fastapi.responses", "the proxy server")
         self._Response, self._Streaming = responses.Response, responses.StreamingResponse
         self.config, self.core, self.passthrough = config, core, passthrough
+        self.keys = keys if keys is not None else SessionKeys()
         self.replicas = core.router.replicas if core is not None else []
 
     def install(self, app) -> None:
@@ -82,6 +86,34 @@ class Routes:
         app.add_exception_handler(Exception, self.crash)
 
     # -- helpers --------------------------------------------------------------------------------
+    def from_sandbox(self, request) -> bool:
+        """Whether the request came in on the sandbox socket. Fails closed: with that socket
+        configured, any connection without a TCP address counts as a sandbox's."""
+        if self.config.sandbox_socket is None:
+            return False
+        server = request.scope.get("server")
+        return not server or server[1] is None or server[0] == self.config.sandbox_socket
+
+    def session(self, request) -> str:
+        """The request's session, checked against its key (raises 401)."""
+        return resolve_session(
+            self.config,
+            self.keys,
+            request.headers,
+            request.path_params.get("session"),
+            sandbox=self.from_sandbox(request),
+        )
+
+    def operator(self, request):
+        """None when the request may use a service route, else the error response."""
+        try:
+            check_operator(
+                self.config.auth_token, request.headers, sandbox=self.from_sandbox(request)
+            )
+        except RequestError as err:
+            return self.error("openai", err)
+        return None
+
     def json(self, data: dict, status: int = 200):
         return self._Response(_dumps(data), status_code=status, media_type="application/json")
 
@@ -120,9 +152,7 @@ class Routes:
         if self.passthrough is not None:
             return await self.forward(request, api)
         try:
-            session = resolve_session(
-                self.config, request.headers, request.path_params.get("session")
-            )
+            session = self.session(request)
             state = self.core.sessions.get(session)
             again = state.calls > 0  # memos pay off from a session's second call on
             body = await self.read_json(request, state.body_memo(api) if again else None)
@@ -154,9 +184,7 @@ class Routes:
 
     async def forward(self, request, api: str):
         try:
-            session = resolve_session(
-                self.config, request.headers, request.path_params.get("session")
-            )
+            session = self.session(request)
             body = await self.read_json(request)
             req = _APIS[api].parse_request(body)
             status, result = await self.passthrough.forward(
@@ -170,7 +198,7 @@ class Routes:
 
     async def count_tokens(self, request):
         try:
-            resolve_session(self.config, request.headers, request.path_params.get("session"))
+            self.session(request)
             body = await self.read_json(request)
             body.setdefault("max_tokens", 1)
             req = anthropic_api.parse_request(body)
@@ -185,6 +213,10 @@ class Routes:
 
     # -- service --------------------------------------------------------------------------------
     async def models(self, request):
+        try:
+            self.session(request)
+        except RequestError as err:
+            return self.error("openai", err)
         name = self.config.model_name
         card = {
             "id": name,
@@ -197,6 +229,8 @@ class Routes:
         return self.json({"object": "list", "data": [card]})
 
     async def health(self, request):
+        if (refused := self.operator(request)) is not None:
+            return refused
         reports = {}
         if self.passthrough is not None:
             up = self.passthrough.upstream
@@ -207,9 +241,13 @@ class Routes:
             except Exception as e:  # a health report, not a failure of this endpoint
                 reports[r.name] = {"error": f"{type(e).__name__}: {e}"}
         sessions = len(self.core.sessions) if self.core is not None else 0
-        return self.json({"status": "ok", "replicas": reports, "sessions": sessions})
+        live = self.core.sessions.live() if self.core is not None else 0
+        body = {"status": "ok", "replicas": reports, "sessions": sessions, "live_sessions": live}
+        return self.json(body)
 
     async def metrics(self, request):
+        if (refused := self.operator(request)) is not None:
+            return refused
         if self.core is None:
             return self._Response("", media_type=_PROMETHEUS)
         inflight = {r.name: r.inflight for r in self.replicas}
@@ -218,9 +256,14 @@ class Routes:
         return self._Response(text, media_type=_PROMETHEUS)
 
     async def drop_session(self, request):
+        """End a finished episode's session: its key is retired and it may be evicted (its
+        call count is kept until then, so a later call under its name continues it)."""
+        if (refused := self.operator(request)) is not None:
+            return refused
         session = request.path_params["session"]
-        dropped = self.core.sessions.drop(session) if self.core is not None else False
-        return self.json({"session": session, "dropped": dropped})
+        self.keys.unbind(session)
+        released = self.core.sessions.release(session) if self.core is not None else False
+        return self.json({"session": session, "released": released})
 
     async def crash(self, request, exc: Exception):  # the last resort: answer, never die
         log.exception("unhandled error on %s", request.url.path)

@@ -7,7 +7,10 @@ accepted), ``POST /v1/messages/count_tokens``, ``GET /v1/models``; and ``GET /he
 
 Without a path prefix the session is the API key (``Authorization: Bearer`` or
 ``x-api-key``) when ``sessions_by_api_key`` is on, else ``default``. With ``auth_token``
-set, a request must present that token as its key, or ``<token>:<session>``.
+set, every request (``/health``, ``/metrics`` and ``DELETE`` too) must present that token
+as its key, or ``<token>:<session>``. A session given a key (:meth:`ProxyServer.bind_session`)
+answers only requests with that key (or the token). Without a token the proxy refuses to
+listen beyond loopback unless ``insecure`` (see ``gyre_env.proxy.auth``).
 
 Start one in-process::
 
@@ -21,14 +24,17 @@ Start one in-process::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
+import os
 import socket
 import threading
 from dataclasses import dataclass
 
 from gyre_env._optional import require
 from gyre_env.engines.base import Engine
+from gyre_env.proxy.auth import SessionKeys, is_loopback
 from gyre_env.proxy.core import ProxyCore
 from gyre_env.proxy.passthrough import Passthrough, UpstreamConfig
 from gyre_env.proxy.routes import Routes
@@ -47,7 +53,15 @@ class ProxyConfig:
     port: int = 0
     """TCP port; 0 picks a free one (read it back from ``ProxyServer.port``)."""
     auth_token: str | None = None
-    """If set, every request must carry it as its API key (or ``<token>:<session>``)."""
+    """If set, every request must carry it as its API key (or ``<token>:<session>``), on
+    every route. Required to listen beyond loopback (unless ``insecure``)."""
+    insecure: bool = False
+    """Allow listening beyond loopback without ``auth_token``: anyone who reaches the port
+    can then use the model (or spend the upstream's key). Only on a network you trust."""
+    sandbox_socket: str | None = None
+    """Also serve this Unix socket, for sandboxes: a request there must name a session that
+    has a key (:meth:`ProxyServer.bind_session`) and carry that key, and reaches only the
+    model routes."""
     sessions_by_api_key: bool = True
     """Without a ``/s/<session>`` prefix, use the API key as the session name."""
     max_request_bytes: int = 64 * 1024 * 1024
@@ -68,7 +82,8 @@ class ProxyConfig:
     affinity_slack: int = 2
     """A session stays on its last replica unless that one has this many more calls in flight."""
     max_sessions: int = 4096
-    """Sessions kept for prefix reuse (least recently used dropped)."""
+    """Sessions kept. Only released ones (``DELETE /s/<session>``) are evicted, least
+    recently released first; with this many live sessions a new one gets 503."""
     max_calls_per_session: int = 512
     """Calls per session kept for prefix matching (oldest dropped)."""
     verify_render: bool = False
@@ -78,11 +93,28 @@ class ProxyConfig:
     """Model id listed by ``GET /v1/models`` (requests may name any model)."""
 
 
-def create_app(config: ProxyConfig, core: ProxyCore | None, passthrough: Passthrough | None = None):
+def check_exposure(config: ProxyConfig) -> None:
+    """Refuse (ValueError) to listen beyond loopback without a token, unless ``insecure``."""
+    if config.auth_token or config.insecure or is_loopback(config.host):
+        return
+    raise ValueError(
+        f"refusing to serve the proxy on {config.host!r} without an auth token: anyone who "
+        "reaches the port could use the model, or spend the upstream's API key. Set a token "
+        "(ProxyConfig.auth_token; `gyre proxy serve --auth-token-env VAR`), listen on "
+        "127.0.0.1, or accept the risk with ProxyConfig.insecure / --insecure"
+    )
+
+
+def create_app(
+    config: ProxyConfig,
+    core: ProxyCore | None,
+    passthrough: Passthrough | None = None,
+    keys: SessionKeys | None = None,
+):
     """The FastAPI application serving ``core`` (token-level engines) or ``passthrough``."""
     fastapi = require("fastapi", "the proxy server")
     app = fastapi.FastAPI(title="gyre proxy", docs_url=None, redoc_url=None, openapi_url=None)
-    Routes(config, core, passthrough).install(app)
+    Routes(config, core, passthrough, keys).install(app)
     return app
 
 
@@ -106,7 +138,9 @@ class ProxyServer:
             )
         if upstream is None and (not engines or tokenizer is None):
             raise ValueError("ProxyServer needs engines and their tokenizer (or an upstream)")
+        check_exposure(config)
         self.config = config
+        self.keys = SessionKeys()
         # records are written on the writer's thread, never on the server's event loop;
         # stop() flushes it, closes ``sink`` and raises if any record could not be written
         self.sink = RecordWriter(sink) if sink is not None else None
@@ -114,7 +148,7 @@ class ProxyServer:
         self.passthrough: Passthrough | None = None
         if upstream is not None:
             self.passthrough = Passthrough(upstream, sink=self.sink, classifier=classifier)
-            self.app = create_app(config, None, self.passthrough)
+            self.app = create_app(config, None, self.passthrough, self.keys)
             self._init_server_state()
             return
         self.core = ProxyCore(
@@ -135,11 +169,12 @@ class ProxyServer:
                 "affinity_slack": config.affinity_slack,
             },
         )
-        self.app = create_app(config, self.core)
+        self.app = create_app(config, self.core, keys=self.keys)
         self._init_server_state()
 
     def _init_server_state(self) -> None:
         self._sock: socket.socket | None = None
+        self._unix: socket.socket | None = None
         self._server = None
         self._thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -162,6 +197,20 @@ class ProxyServer:
         """Base URL for an Anthropic client or ``ANTHROPIC_BASE_URL`` (``.../s/<session>``)."""
         return f"{self.base_url}/s/{session}"
 
+    def bind_session(self, session: str) -> str:
+        """Give ``session`` a key (minted once; unguessable) and return it: from now on the
+        session answers only requests that carry it as their API key (or the auth token)."""
+        return self.keys.bind(session)
+
+    def release_session(self, session: str) -> bool:
+        """The episode of ``session`` is over: retire its key and let it be evicted (what
+        ``DELETE /s/<session>`` does). Returns whether the proxy held the session."""
+        self.keys.unbind(session)
+        return self.core.sessions.release(session) if self.core is not None else False
+
+    def _sockets(self) -> list[socket.socket]:
+        return [s for s in (self._sock, self._unix) if s is not None]
+
     def _bind(self) -> None:
         family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
         # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on sockets whose proto is TCP,
@@ -169,6 +218,11 @@ class ProxyServer:
         self._sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((self.config.host, self.config.port))
+        path = self.config.sandbox_socket
+        if path is not None:
+            self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._unix.bind(path)
+            os.chmod(path, 0o666)  # a sandbox may run as another user
 
     def _uvicorn_server(self):
         uvicorn = require("uvicorn", "the proxy server")
@@ -187,7 +241,7 @@ class ProxyServer:
             self.loop = asyncio.new_event_loop()
             asyncio.set_event_loop(self.loop)
             self.loop.call_soon(started.set)
-            self.loop.run_until_complete(self._server.serve(sockets=[self._sock]))
+            self.loop.run_until_complete(self._server.serve(sockets=self._sockets()))
 
         self._thread = threading.Thread(target=run, name="gyre-proxy", daemon=True)
         self._thread.start()
@@ -216,7 +270,7 @@ class ProxyServer:
             # millions of long-lived objects (tens of ms of stalled requests each time).
             gc.collect()
             gc.freeze()
-            serving = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+            serving = asyncio.create_task(self._server.serve(sockets=self._sockets()))
             # Say so once the port accepts connections, not before: a client that connected
             # on the line (a script, the test) was refused while uvicorn was still starting.
             while not self._server.started and not serving.done():
@@ -242,8 +296,11 @@ class ProxyServer:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
-        if self._sock is not None:
-            self._sock.close()
+        for sock in self._sockets():
+            sock.close()
+        if self._unix is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.config.sandbox_socket)
         if self.sink is not None:
             self.sink.close()
 

@@ -8,9 +8,13 @@ or proxies; they only get that endpoint. Every call's TITO record goes to a JSON
 through a ``RecordTap``, which also lets a CLI agent see its session's calls as they
 finish (model-turn boundaries).
 
-Sandboxes reach the proxy through a Unix socket (``route_socket``), which a sandbox
-mounts at ``/run/gyre`` (see ``gyre_env.sandbox.route``); a relay thread here connects
-that socket to the proxy's loopback TCP port.
+Sandboxes reach the proxy through a Unix socket (``route_socket``) that the proxy serves
+itself (``ProxyConfig.sandbox_socket``) and a sandbox mounts read-only at ``/run/gyre``
+(see ``gyre_env.sandbox.route``). Each episode's endpoint carries a key of its own
+(``ModelEndpoint.api_key``, minted by the proxy per session): a request on that socket must
+name its session and carry that session's key, so a sandbox cannot post into a sibling
+episode, end it, or read the proxy's metrics. ``release`` retires the key when the episode
+is over and lets the proxy evict the session.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import tempfile
 import threading
 from collections import defaultdict
@@ -118,60 +121,6 @@ class InflightCounter:
             self.tap.end(session)
 
 
-class UnixRelay:
-    """Accepts connections on a Unix socket and relays each to ``host:port`` (TCP)."""
-
-    def __init__(self, path: str, host: str, port: int):
-        self.path, self.host, self.port = path, host, port
-        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._srv.bind(path)
-        os.chmod(path, 0o777)  # sandboxes may run as another user
-        self._srv.listen(256)
-        self._closed = False
-        self._thread = threading.Thread(target=self._accept, name="gyre-relay", daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        try:
-            upstream = socket.create_connection((self.host, self.port), timeout=10)
-            upstream.settimeout(None)
-        except OSError:
-            client.close()
-            return
-        threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
-        _pipe(client, upstream)
-
-    def close(self) -> None:
-        self._closed = True
-        try:
-            self._srv.close()
-        finally:
-            if os.path.exists(self.path):
-                os.unlink(self.path)
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
 @dataclass(kw_only=True)
 class ModelServiceConfig:
     """Which model serves the episodes and where records go."""
@@ -211,25 +160,37 @@ class ModelService:
         self.config = config or ModelServiceConfig()
         self._engines, self._tokenizer = engines, tokenizer
         self.proxy = None
-        self.relay: UnixRelay | None = None
         self._dir: str | None = None
         sink = JsonlSink(self.config.records_path) if self.config.records_path else None
         self.tap = RecordTap(sink, *sinks)
 
     def start(self) -> ModelService:
-        from gyre_env.proxy.server import ProxyConfig, ProxyServer
+        from gyre_env.proxy.server import ProxyConfig
 
         engines, tokenizer = self._engines, self._tokenizer
+        path = None if self.config.model in (None, "tiny") else self.config.model
+        if engines is None and path is not None and not Path(path).is_dir():
+            raise FileNotFoundError(f"model {path!r} is not a local model folder")
+        # the sandboxes' socket, in a folder of its own that they mount read-only
+        self._dir = tempfile.mkdtemp(prefix="gyre-route-")  # short: AF_UNIX paths < 108 bytes
+        os.chmod(self._dir, 0o755)
+        proxy_config = ProxyConfig(sandbox_socket=os.path.join(self._dir, "proxy.sock"))
+        try:
+            return self._start(proxy_config, engines, tokenizer, path)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, proxy_config, engines, tokenizer, path: str | None) -> ModelService:
+        from gyre_env.proxy.server import ProxyServer
+
         if self.config.upstream_base_url is not None:
-            self.proxy = ProxyServer(ProxyConfig(), sink=self.tap, upstream=self._upstream())
+            self.proxy = ProxyServer(proxy_config, sink=self.tap, upstream=self._upstream())
             return self._start_proxy()
         if engines is None:
             from gyre_env.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
             from gyre_env.engines.tiny import load_tokenizer
 
-            path = None if self.config.model in (None, "tiny") else self.config.model
-            if path is not None and not Path(path).is_dir():
-                raise FileNotFoundError(f"model {path!r} is not a local model folder")
             engines = [
                 EmbeddedEngine(
                     EmbeddedEngineConfig(
@@ -240,7 +201,7 @@ class ModelService:
                 )
             ]
             tokenizer = tokenizer or load_tokenizer(path)
-        self.proxy = ProxyServer(ProxyConfig(), engines=engines, tokenizer=tokenizer, sink=self.tap)
+        self.proxy = ProxyServer(proxy_config, engines=engines, tokenizer=tokenizer, sink=self.tap)
         return self._start_proxy()
 
     def _upstream(self):
@@ -253,17 +214,14 @@ class ModelService:
     def _start_proxy(self) -> ModelService:
         self.proxy.app = InflightCounter(self.proxy.app, self.tap)
         self.proxy.start()
-        self._dir = tempfile.mkdtemp(prefix="gyre-route-")
-        os.chmod(self._dir, 0o755)
-        self.relay = UnixRelay(os.path.join(self._dir, "proxy.sock"), "127.0.0.1", self.proxy.port)
         return self
 
     @property
     def route_socket(self) -> str:
         """Host Unix socket of the proxy, for ``SandboxConfig.proxy_socket``."""
-        if self.relay is None:
+        if self.proxy is None:
             raise RuntimeError("the model service is not started")
-        return self.relay.path
+        return self.proxy.config.sandbox_socket
 
     @property
     def context_length(self) -> int:
@@ -304,6 +262,7 @@ class ModelService:
             base_url=base_url,
             api=api,
             model=model,
+            api_key=self.proxy.bind_session(session),
             session=session,
             sandbox_base_url=f"http://127.0.0.1:{self.config.sandbox_port}/s/{session}",
             context_length=self.context_length,
@@ -311,16 +270,14 @@ class ModelService:
         )
 
     def release(self, session: str) -> None:
-        """Forget a finished episode's session (the proxy's prefix cache and the tap's
-        summaries); its records are already in the sinks."""
+        """The episode of ``session`` is over: retire its key (later calls with it are
+        refused), free the proxy's prefix cache and the tap's summaries. Its records are
+        already in the sinks."""
         self.tap.forget(session)
-        if self.proxy is not None and self.proxy.core is not None:
-            self.proxy.core.sessions.drop(session)
+        if self.proxy is not None:
+            self.proxy.release_session(session)
 
     def stop(self) -> None:
-        if self.relay is not None:
-            self.relay.close()
-            self.relay = None
         if self.proxy is not None:
             self.proxy.stop()  # closes the tap (and its JSONL sink)
             self.proxy = None

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from operator import is_
 
 from gyre_env.proxy.bodies import BodyMemo
-from gyre_env.proxy.chat import ConversionMemo
+from gyre_env.proxy.chat import ConversionMemo, RequestError
 from gyre_env.proxy.render import ChatRenderer, reply_key
 from gyre_env.trajectory.records import BranchRole
 
@@ -466,28 +466,63 @@ def _exact_delta(renderer: ChatRenderer, messages: list[dict], i: int, tools) ->
 
 
 class SessionStore:
-    """Sessions by name, least recently used evicted beyond ``max_sessions``."""
+    """Sessions by name. A live session (an episode still running) is never evicted: that
+    would restart its call indexes at 0, and the record store refuses the duplicates, so
+    the episode's later calls would be lost. :meth:`release` marks an episode's session
+    finished and frees its cache; only finished sessions are evicted, oldest release first,
+    once ``max_sessions`` are held. With that many live sessions a new one is refused (503).
+    """
 
     def __init__(self, *, max_sessions: int = 4096, max_nodes: int = 512):
         self.max_sessions = max_sessions
         self.max_nodes = max_nodes
         self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        """Names of released sessions, oldest release first (the eviction order)."""
         self._lock = threading.Lock()
 
     def get(self, name: str) -> Session:
+        """The session ``name``, created if new; a released one is live again (its call
+        indexes continue where they stopped)."""
+        with self._lock:
+            session = self._sessions.get(name)
+            if session is not None:
+                self._finished.pop(name, None)
+                self._sessions.move_to_end(name)
+                return session
+            while len(self._sessions) >= self.max_sessions and self._finished:
+                self._sessions.pop(self._finished.popitem(last=False)[0], None)
+            if len(self._sessions) >= self.max_sessions:
+                raise RequestError(
+                    f"the proxy holds {self.max_sessions} live sessions (max_sessions) and "
+                    f"evicts none of them: refusing new session {name[:40]!r}. End finished "
+                    "episodes' sessions (DELETE /s/<session>, ModelService.release) or raise "
+                    "max_sessions",
+                    status=503,
+                )
+            session = self._sessions[name] = Session(name, max_nodes=self.max_nodes)
+            return session
+
+    def release(self, name: str) -> bool:
+        """Mark ``name`` finished: its prefix cache is freed now, its call count kept until
+        it is evicted. Returns whether the session existed."""
         with self._lock:
             session = self._sessions.get(name)
             if session is None:
-                session = self._sessions[name] = Session(name, max_nodes=self.max_nodes)
-                while len(self._sessions) > self.max_sessions:
-                    self._sessions.popitem(last=False)
-            else:
-                self._sessions.move_to_end(name)
-            return session
+                return False
+            self._finished[name] = None
+            self._finished.move_to_end(name)
+        with session.lock:
+            session.nodes.clear()
+            session.by_prompt.clear()
+            session.memos.clear()
+            session.last_keys.clear()
+        return True
 
-    def drop(self, name: str) -> bool:
+    def live(self) -> int:
+        """Sessions not released."""
         with self._lock:
-            return self._sessions.pop(name, None) is not None
+            return len(self._sessions) - len(self._finished)
 
     def __len__(self) -> int:
         return len(self._sessions)

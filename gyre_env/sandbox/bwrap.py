@@ -230,7 +230,7 @@ class BwrapSandbox(ShellSandbox):
             argv += ["--tmpfs", folder, "--remount-ro", folder]
         if cfg.proxy_socket:
             host_dir, inside = route.socket_mount(cfg.proxy_socket)
-            argv += ["--bind", host_dir, inside]
+            argv += ["--ro-bind", host_dir, inside]  # not replaceable
         argv += ["bash", "--noprofile", "--norc"]
         if self.cgroup is not None:
             return self.cgroup.enter_prefix() + argv

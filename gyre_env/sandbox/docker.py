@@ -147,7 +147,7 @@ class DockerSandbox(ShellSandbox):
             raise SandboxError(f"image {cfg.image!r}: {e}") from e
         if cfg.proxy_socket:
             host_dir, inside = route.socket_mount(cfg.proxy_socket)
-            volumes[host_dir] = {"bind": inside, "mode": "rw"}
+            volumes[host_dir] = {"bind": inside, "mode": "ro"}  # not replaceable
         try:
             return client.containers.run(
                 cfg.image,

@@ -1,10 +1,12 @@
 """The proxy route: how a sandbox with no network reaches the model proxy and nothing else.
 
-The proxy listens on a host Unix socket. Its folder is bind-mounted into the sandbox at
-``/run/gyre``, and a forwarder inside the sandbox listens on ``127.0.0.1:<port>`` and
+The proxy listens on a host Unix socket. Its folder is bind-mounted read-only into the
+sandbox at ``/run/gyre`` (connecting needs no write access; read-only, the sandbox cannot
+unlink or replace the socket that other episodes share), and a forwarder inside the sandbox listens on ``127.0.0.1:<port>`` and
 relays each connection to that socket. The sandbox keeps no network interface but
 loopback, so the socket is the only way out; an agent's base URL is
-``http://127.0.0.1:<port>/...``.
+``http://127.0.0.1:<port>/...``. The proxy answers a sandbox only for its own episode's
+session, with that episode's key (``gyre_env.proxy.auth``).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ while True:
 
 
 def socket_mount(host_socket: str) -> tuple[str, str]:
-    """(host folder, sandbox folder) to bind so the socket appears under /run/gyre."""
+    """(host folder, sandbox folder) to bind, read-only, so the socket appears under
+    /run/gyre."""
     return os.path.dirname(os.path.abspath(host_socket)), SOCKET_DIR_IN_SANDBOX
 
 

@@ -154,10 +154,36 @@ def join_group(config: GroupConfig) -> None:
             )
         return
     backend = "cpu:gloo,cuda:nccl" if config.backend == "nccl" else config.backend
+    timeout = datetime.timedelta(seconds=config.timeout_s)
+    where = _tcp_address(config.init_method)
+    if where is None:  # env://, file://: torch's own rendezvous
+        dist.init_process_group(
+            backend, init_method=config.init_method, rank=config.rank,
+            world_size=config.world_size, timeout=timeout,
+        )  # fmt: skip
+        return
+    # tcp://: rank 0 serves the store itself, on that address only (torch's own listens on
+    # every interface, unauthenticated)
+    from gyre_env.weightsync.base import tcp_store
+
+    store = tcp_store(
+        *where, serve=config.rank == 0, timeout_s=config.timeout_s, world_size=config.world_size
+    )
     dist.init_process_group(
-        backend, init_method=config.init_method, rank=config.rank,
-        world_size=config.world_size, timeout=datetime.timedelta(seconds=config.timeout_s),
-    )  # fmt: skip
+        backend, store=store, rank=config.rank, world_size=config.world_size, timeout=timeout
+    )
+
+
+def _tcp_address(init_method: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``tcp://host:port`` init method, else None."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(init_method)
+    if url.scheme != "tcp":
+        return None
+    if not url.hostname or url.port is None:
+        raise ValueError(f"init_method {init_method!r} must be tcp://host:port")
+    return url.hostname, url.port
 
 
 class TrainingGroup:

@@ -505,7 +505,9 @@ def _rendezvous() -> str:
     """``tcp://ip:port`` of a free port on the node this runs on (the core's)."""
     import ray
 
-    with socket.socket() as sock:
-        sock.bind(("", 0))
+    ip = ray.util.get_node_ip_address()
+    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as sock:
+        sock.bind((ip, 0))  # the address rank 0's store will listen on, and nothing else
         port = sock.getsockname()[1]
-    return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"tcp://{host}:{port}"

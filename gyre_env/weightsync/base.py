@@ -328,25 +328,54 @@ class WeightReceiver(Protocol):
 
 def open_store(host: str, port: int, *, serve: bool, prefix: str, timeout_s: float, peer: str):
     """A ``torch.distributed`` TCPStore under its own key prefix: the board where a
-    publisher posts versions and layouts. ``serve`` hosts it (the publisher's side)."""
-    import datetime
-
+    publisher posts versions and layouts. ``serve`` hosts it (the publisher's side), listening
+    on ``host`` only (see :func:`tcp_store`)."""
     dist = require("torch.distributed", "weight sync")
     if not isinstance(prefix, str) or not prefix:
         raise ValueError(f"store prefix must be a non-empty string, got {prefix!r}")
     try:
-        store = dist.TCPStore(
-            host,
-            port,
-            None,
-            serve,
-            timeout=datetime.timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
+        store = tcp_store(host, port, serve=serve, timeout_s=timeout_s)
     except (RuntimeError, OSError) as e:
         what = "serve" if serve else "reach"
         raise WeightSyncError(f"could not {what} the store at {host}:{port}: {e}", peer=peer) from e
     return dist.PrefixStore(prefix, store)
+
+
+def tcp_store(
+    host: str, port: int, *, serve: bool, timeout_s: float, world_size: int | None = None
+):
+    """A TCPStore at ``host:port``; ``serve`` hosts it, listening on exactly that address.
+
+    torch's own server listens on every interface whatever ``host`` says, and a store has no
+    authentication: anyone who reaches the port can read and write its keys. So the server
+    side binds its listening socket here, to ``host`` alone, and hands it to torch."""
+    import datetime
+    import os
+    import socket
+
+    dist = require("torch.distributed", "a TCPStore")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if not serve:
+        return dist.TCPStore(host, port, world_size, False, timeout=timeout, wait_for_workers=False)
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(512)
+        bound_port = listener.getsockname()[1]
+    except OSError:
+        listener.close()
+        raise
+    fd = listener.detach()  # the store owns the socket from here (it closes it)
+    try:
+        return dist.TCPStore(
+            host, bound_port, world_size, True, timeout=timeout, wait_for_workers=False,
+            master_listen_fd=fd,
+        )  # fmt: skip
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def store_get(store, key: str) -> bytes | None:

@@ -40,6 +40,7 @@ from gyre_env.weightsync.base import (
     layout_of,
     named_list,
     plan_buckets,
+    tcp_store,
 )
 from gyre_env.weightsync.replicas import RoutingGuard, push_all
 
@@ -212,9 +213,9 @@ class SGLangPublisher:
         timeout = datetime.timedelta(seconds=cfg.timeout_s)
         peer = f"group {cfg.group_name!r} at {cfg.master_address}:{cfg.master_port}"
         try:
-            store = dist.TCPStore(
-                cfg.master_address, cfg.master_port, world, True, timeout=timeout,
-                wait_for_workers=False,
+            store = tcp_store(
+                cfg.master_address, cfg.master_port, serve=True, timeout_s=cfg.timeout_s,
+                world_size=world,
             )  # fmt: skip
             prefixed = dist.PrefixStore(cfg.group_name, store)
             if cfg.backend == "gloo":
@@ -222,7 +223,7 @@ class SGLangPublisher:
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
             return dist.ProcessGroupNCCL(prefixed, 0, world, options)
-        except (RuntimeError, dist.DistError) as e:
+        except (RuntimeError, OSError, dist.DistError) as e:
             raise SyncTimeoutError(f"the server did not join within {cfg.timeout_s:g}s: {e}",
                                    peer=peer) from e  # fmt: skip
 

@@ -178,7 +178,8 @@ def chat(text):
     body = json.dumps({{"model": os.environ["GYRE_MODEL"], "max_tokens": 8,
                        "messages": [{{"role": "user", "content": text}}]}}).encode()
     req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body,
-                                 {{"content-type": "application/json"}})
+                                 {{"content-type": "application/json",
+                                  "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}})
     return json.load(urllib.request.urlopen(req, timeout=60))
 chat("first")
 open("answer.txt", "w").write(os.environ["GYRE_API"] + "\\n")

@@ -207,4 +207,4 @@ def test_models_health_metrics(proxy):
         proxy.anthropic_base_url("x") + "/v1/messages/count_tokens", json=OK_ANTHROPIC
     ).json()
     assert n["input_tokens"] > 3
-    assert httpx.request("DELETE", proxy.base_url + "/s/m1").json()["dropped"] is True
+    assert httpx.request("DELETE", proxy.base_url + "/s/m1").json()["released"] is True
