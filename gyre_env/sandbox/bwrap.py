@@ -6,7 +6,9 @@ running gyre (a virtualenv and its base; ``python3`` is the venv's) read-only, w
 ``/etc/shadow`` hidden; a private ``/workspace`` (a host temp folder),
 ``/tmp`` and ``/home``; memory and pids limits from a cgroup per sandbox (cgroup v1 or
 v2), or from ``prlimit`` (address space only) where cgroups are not writable. The
-sandbox dies with its owner process (``--die-with-parent``). Does not cover: reading
+sandbox dies with its owner process (``--die-with-parent``). After each command, every
+process it left behind in the sandbox's pid namespace is killed (``setsid`` and fork
+bombs included; see ``gyre_env.sandbox.shell``). Does not cover: reading
 world-readable host files under ``/etc`` and ``/usr``, kernel exploits.
 """
 
@@ -154,6 +156,7 @@ class BwrapSandbox(ShellSandbox):
                 output_limit=self.config.output_limit,
                 start_timeout=self.config.start_timeout_s,
                 signal_is_fatal=True,
+                reap="namespace",
             )
             if self.config.proxy_socket:
                 self._start_forwarder()
