@@ -96,6 +96,13 @@ __gyre_sweep() {
     ((fresh)) || break
   done
   for p in "${!hit[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  # Wait (up to 5 s) until they are gone: a killed hog frees its memory as it exits.
+  for ((r = 0; r < 250 && ${#hit[@]}; r++)); do
+    for p in "${!hit[@]}"; do
+      __gyre_stat "$p" && [[ $__gyre_st != Z ]] || unset "hit[$p]"
+    done
+    ((${#hit[@]})) && read -t 0.02 -u "$__gyre_idle" 2>/dev/null
+  done
   return 0
 }
 __gyre_adopt() {
@@ -289,7 +296,9 @@ class PersistentShell:
             kept = " ".join(f"[{p}]=1" for p in self._keep)
             roots = " ".join(f"[{p}]=1" for p in sorted(self._roots))
             keep = f"__gyre_keep=({kept}); __gyre_roots=({roots}); __gyre_sweep"
-        return f"set -m; {_REAP_NAMESPACE}\n{keep}\ntrue"
+        # A pipe that never has data: ``read -t`` on it is the sweep's sleep (no fork).
+        idle = "exec {__gyre_idle}<> <(:)"
+        return f"set -m; {_REAP_NAMESPACE}\n{keep}\n{idle}\ntrue"
 
     def close(self) -> None:
         """Stop the shell; a command running in another thread ends with SandboxClosedError.
