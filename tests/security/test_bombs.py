@@ -364,3 +364,20 @@ def test_keep_background_keeps_what_its_command_leaves_and_nothing_else(backend)
             assert len(children.stdout.split()) == 2, children
         finally:
             sandbox.exec(f"kill -KILL -- -{root}", timeout=30)  # the local backend's host
+
+
+@pytest.mark.docker
+def test_a_workspace_that_cannot_be_copied_out_is_the_agents_failure(task_dir):
+    """The agent (root in its container) replaces ``tar``: copying the workspace out for
+    grading reads garbage. ``submit`` returns ``agent_error``; no ``tarfile`` error escapes."""
+    env = make_env(task_dir, "docker")
+    try:
+        env.reset(seed=0)
+        fake = "printf '#!/bin/sh\\necho not-a-tar\\n' > /usr/local/bin/tar; chmod +x /usr/local/bin/tar"
+        obs, done, info = timed_step(env, bash(fake, 30), 30 + GRACE_S)
+        assert "[exit code 0]" in obs, obs
+        info = assert_graded(env, expected="agent_error")
+        assert info["grading"]["status"] == "workspace_error", info
+        assert "could not be copied out" in info["grading"]["reason"], info["grading"]
+    finally:
+        env.close()
