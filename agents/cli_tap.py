@@ -151,7 +151,8 @@ class CliAgent:
             f"for i in $(seq 100); do [ -s {state}/pid ] && exit 0; sleep 0.05; done; exit 1"
         )
         with ctx.clock.phase("tool"):
-            res = sandbox.exec(launch, timeout=30, env=self._env(ctx))
+            # The CLI outlives this command (the sandbox kills what commands leave behind).
+            res = sandbox.exec(launch, timeout=30, env=self._env(ctx), keep_background=True)
         if not res.ok:
             raise AgentStop(f"could not start the CLI: {res.output[-2000:]}", EndReason.AGENT_ERROR)
         ctx.clock.enter("tool")  # the CLI's own work counts as tool time until it ends

@@ -314,6 +314,10 @@ class NL2RepoEnv(gym.Env):
         )
 
     def step(self, action: Any):
+        """Run one tool call. Whatever the agent ran, this returns (an exception here is
+        only for misuse: a closed env, a finished episode, an action of the wrong shape):
+        a sandbox that fails or cannot recover, or a crash while scoring, ends the episode
+        with ``outcome="infra_error"`` and the reason in ``info["error"]``."""
         if self._closed:
             raise RuntimeError("this env is closed")
         if self._done:
@@ -348,6 +352,11 @@ class NL2RepoEnv(gym.Env):
             reward = self.rewards.step(phi)
         except SandboxError as e:
             return self._infra_failure(f"the agent's sandbox failed: {e}", tool=name)
+        except Exception as e:  # a step returns an outcome; a crash of ours is infra's
+            log.exception("step %d of %s crashed", self.steps, self.task.id)
+            return self._infra_failure(
+                f"the env crashed running {name!r}: {type(e).__name__}: {e}", tool=name
+            )
         self._last_obs = self._observe(out.text, out.omitted)
         info = self._info(
             tool=name,

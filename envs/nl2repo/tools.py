@@ -33,7 +33,8 @@ TOOLS: list[dict] = [
     {
         "name": "bash",
         "description": "Run a bash command in the workspace (no network). Returns its output "
-        "and exit code. State such as `cd` does not persist between calls.",
+        "and exit code. State such as `cd` does not persist between calls, and processes "
+        "it leaves running are killed when it ends.",
         "parameters": {
             "type": "object",
             "properties": {

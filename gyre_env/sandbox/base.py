@@ -9,8 +9,14 @@ What a sandbox covers, by backend (see each backend's module docstring for detai
   through cgroups (prlimit where cgroups are not writable).
 - ``LocalSandbox``: a subprocess in a temporary folder. It isolates nothing.
 
-What no backend covers: kernel exploits, side channels, and processes that detach with
-``setsid`` surviving a timeout until the sandbox is closed.
+After every command (ended or timed out) the processes it left behind are killed: on
+Docker and bubblewrap every process in the sandbox's pid namespace but the shell and
+what ran before the first command (``setsid``, double forks, ``SIGTERM``-proof daemons
+and fork bombs included); on the local backend its process group only. A command run
+with ``keep_background=True`` keeps what it leaves (the proxy forwarder, a CLI agent).
+
+What no backend covers: kernel exploits, side channels, and a fork bomb started by a
+``keep_background`` command's processes (they are stopped only when the sandbox closes).
 
 Every backend runs commands through one persistent shell (``gyre_env.sandbox.shell``)
 and implements file operations on top of it, so a step costs milliseconds.
@@ -135,8 +141,10 @@ class Sandbox(Protocol):
         timeout: float = 60.0,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        keep_background: bool = False,
     ) -> ExecResult:
-        """Run ``cmd`` with bash in ``cwd`` (default: the workspace)."""
+        """Run ``cmd`` with bash in ``cwd`` (default: the workspace). What it leaves
+        running when it ends is killed, unless ``keep_background``."""
         ...
 
     def write_file(self, path: str, data: str | bytes) -> None:

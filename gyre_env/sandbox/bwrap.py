@@ -10,9 +10,11 @@ host process (own ``/proc``) and no host environment variable (bwrap, the sandbo
 runs with an empty environment); a private ``/workspace`` (a host temp folder),
 ``/tmp`` and ``/home``; memory and pids limits from a cgroup per sandbox (cgroup v1 or
 v2), or from ``prlimit`` (address space only) where cgroups are not writable. The
-sandbox dies with its owner process (``--die-with-parent``). Does not cover: reading
-world-readable host files under ``/etc`` and ``/usr`` (task folders of your own placed
-there included: keep them elsewhere), kernel exploits.
+sandbox dies with its owner process (``--die-with-parent``). After each command, every
+process it left behind in the sandbox's pid namespace is killed (``setsid`` and fork
+bombs included; see ``gyre_env.sandbox.shell``). Does not cover: reading world-readable
+host files under ``/etc`` and ``/usr`` (task folders of your own placed there included:
+keep them elsewhere), kernel exploits.
 """
 
 from __future__ import annotations
@@ -159,6 +161,7 @@ class BwrapSandbox(ShellSandbox):
                 output_limit=self.config.output_limit,
                 start_timeout=self.config.start_timeout_s,
                 signal_is_fatal=True,
+                reap="namespace",
             )
             if self.config.proxy_socket:
                 self._start_forwarder()

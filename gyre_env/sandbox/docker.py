@@ -2,9 +2,11 @@
 
 Covers: the container's own filesystem, pid, IPC and network namespaces (network
 ``none`` by default, so only loopback exists inside); memory (no swap), CPU and pids
-limits from cgroups; ``init=True`` so orphans are reaped; an image's read-only host binds
-(``gyre.host_mounts``, host-usr images) with every folder of task data under them covered
-by an empty tmpfs (``hostusr.masks``); labels naming the owner
+limits from cgroups; ``init=True`` so orphans are reaped; after each command, every
+process it left behind in the container is killed (``setsid`` and fork bombs included;
+see ``gyre_env.sandbox.shell``); an image's read-only host binds (``gyre.host_mounts``,
+host-usr images) with every folder of task data under them covered by an empty tmpfs
+(``hostusr.masks``); labels naming the owner
 process, creation time and TTL so ``reap()`` can remove leaked containers. Does not
 cover: kernel exploits or a daemon shared with untrusted users.
 """
@@ -115,6 +117,7 @@ class DockerSandbox(ShellSandbox):
                 env=self.config.env,
                 output_limit=self.config.output_limit,
                 start_timeout=self.config.start_timeout_s,
+                reap="container",
             )
             if self.config.proxy_socket:
                 self._start_forwarder()

@@ -96,7 +96,7 @@ class ShellFileOps:
     def get_dir(self, path: str, local_dir: str) -> None:
         script = self._resolved(
             path,
-            'tar -cz -C "$__p" . | base64 -w0',
+            'set -o pipefail; tar -cz -C "$__p" . | base64 -w0',
             check=f'[ -d "$__p" ] || exit {_MISSING}; ',
         )
         raw = base64.b64decode(self._file_cmd(path, script, "get_dir", timeout=600).stdout)
@@ -117,12 +117,21 @@ class ShellSandbox(ShellFileOps):
     _closed: bool = False
     _close_lock = threading.Lock()  # closing is rare: one lock for all sandboxes is enough
 
-    def exec(self, cmd: str, timeout: float = 60.0, cwd: str | None = None, env=None) -> ExecResult:
+    def exec(
+        self,
+        cmd: str,
+        timeout: float = 60.0,
+        cwd: str | None = None,
+        env=None,
+        keep_background: bool = False,
+    ) -> ExecResult:
         if self._closed:
             raise SandboxClosedError(f"sandbox {self.id} is closed")
         before = self._oom_kills()
         try:
-            result = self.shell.run(cmd, timeout=timeout, cwd=cwd, env=env)
+            result = self.shell.run(
+                cmd, timeout=timeout, cwd=cwd, env=env, keep_background=keep_background
+            )
         except SandboxClosedError:
             raise
         except SandboxError as e:
@@ -140,7 +149,7 @@ class ShellSandbox(ShellFileOps):
         from gyre_env.sandbox import route
 
         cmd = route.start_command(self.config.proxy_socket, self.config.proxy_port)
-        result = self.shell.run(cmd)
+        result = self.shell.run(cmd, keep_background=True)
         if result.exit_code != 0:
             raise SandboxError(f"proxy forwarder did not start: {result.stderr.strip()[:500]}")
 

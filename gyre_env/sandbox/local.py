@@ -1,7 +1,8 @@
 """LocalSandbox: a bash subprocess in a temporary folder. For development only.
 
 It isolates NOTHING: the agent's commands run as your user, see your files, your network
-and your processes. It exists so that Gyre runs where neither Docker nor bubblewrap is
+and your processes. After each command only its process group is killed: a process that
+leaves it (``setsid``) keeps running. It exists so that Gyre runs where neither Docker nor bubblewrap is
 available; every start logs a loud warning.
 """
 

@@ -5,11 +5,25 @@ locally, ``docker exec -i CONTAINER bash`` or ``bwrap ... bash``). Each command 
 as one statement that runs it as a background job in its own process group, so:
 
 - the shell is never blocked: a timeout is enforced by sending ``kill -KILL -PGID`` to
-  the same shell, which kills the command and everything it started (bar ``setsid``);
+  the same shell, which kills the command's process group;
 - ``exit``, ``exec`` and ``cd`` in the command only affect its own subshell; stdin is
   ``/dev/null``, so a command cannot read (or close) the control stream;
 - a command that kills the shell itself (``kill -9 $$``) is detected by EOF; the shell
   is started again and the result says ``shell_restarted``.
+
+After every command, ended or timed out, the shell kills what the command left behind
+(``reap``): with ``reap="group"`` (the local backend, which shares the host's processes)
+the command's process group, so a ``setsid`` or double-forked process survives; with
+``reap="namespace"`` or ``"container"`` (bubblewrap and Docker, whose shell has a pid
+namespace of its own) every process in the namespace but the shell and the processes that
+were there before the first command: ``setsid``, double forks, ``SIGTERM``-proof daemons
+and fork bombs included. The sweep uses only bash builtins (no fork: it works with the
+pids limit exhausted) and first stops every process (``SIGSTOP``, round after round
+until no new one appears, so a fork bomb cannot outrun it), then kills them. A command
+that must leave a process running (the proxy forwarder, a CLI agent) says so with
+``keep_background=True``: the processes it leaves and their descendants are kept until
+the sandbox closes. Commands run with ``oom_score_adj`` 1000, so that at the memory
+limit the kernel kills the command's processes before the shell.
 
 Output is delimited by per-command random markers written to stdout and stderr after
 the command finishes. Of each stream the first and last ``output_limit // 2`` bytes are
@@ -39,6 +53,70 @@ from gyre_env.sandbox.base import (
 
 _TIMEOUT_EXIT = 124
 _READ_CHUNK = 1 << 16
+_SWEEP_TIMEOUT = 30.0  # seconds the shell may take to kill what a command left behind
+REAP_MODES = ("group", "namespace", "container")
+
+# Bash (builtins only: no fork) that kills what a command left behind. ``$1``: keep
+# the command's leftovers (and their descendants) instead. Group mode: the process group
+# of the last job. The state of /proc is read with ``read`` and checked by pattern before
+# any arithmetic, so a process name cannot inject code into the shell.
+_REAP_GROUP = r"""
+__gyre_after() { [[ $1 == keep ]] || kill -KILL -- -$! 2>/dev/null; return 0; }
+"""
+_REAP_NAMESPACE = r"""
+declare -A __gyre_keep=() __gyre_roots=()
+__gyre_stat() {
+  local s=
+  { read -r -d '' s < "/proc/$1/stat"; } 2>/dev/null
+  s=${s##*) }; __gyre_st=${s%% *}; s=${s#* }; __gyre_pp=${s%% *}
+  [[ $__gyre_st && $__gyre_pp =~ ^[0-9]+$ ]]
+}
+__gyre_kept() {
+  local p=$1 d
+  for ((d = 0; d < 64; d++)); do
+    [[ ${__gyre_roots[$p]} ]] && return 0
+    __gyre_stat "$p" && ((__gyre_pp > 1)) || return 1
+    p=$__gyre_pp
+  done
+  return 1
+}
+__gyre_sweep() {
+  local p r fresh
+  local -A hit=()
+  for ((r = 0; r < 200; r++)); do
+    fresh=0
+    for p in /proc/[0-9]*; do
+      p=${p#/proc/}
+      [[ $p == "$$" || ${__gyre_keep[$p]} || ${hit[$p]} ]] && continue
+      if ((${#__gyre_roots[@]})) && __gyre_kept "$p"; then continue; fi
+      __gyre_stat "$p" && [[ $__gyre_st != Z ]] || continue
+      if [[ $__gyre_pp == "$$" ]]; then kill -KILL "$p"; else kill -STOP "$p"; fi 2>/dev/null
+      hit[$p]=1 fresh=1
+    done
+    ((fresh)) || break
+  done
+  for p in "${!hit[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  # Wait (up to 5 s) until they are gone: a killed hog frees its memory as it exits.
+  for ((r = 0; r < 250 && ${#hit[@]}; r++)); do
+    for p in "${!hit[@]}"; do
+      __gyre_stat "$p" && [[ $__gyre_st != Z ]] || unset "hit[$p]"
+    done
+    ((${#hit[@]})) && read -t 0.02 -u "$__gyre_idle" 2>/dev/null
+  done
+  return 0
+}
+__gyre_adopt() {
+  local p
+  for p in /proc/[0-9]*; do
+    p=${p#/proc/}
+    [[ $p == "$$" || ${__gyre_keep[$p]} ]] && continue
+    __gyre_stat "$p" && [[ $__gyre_st != Z && $__gyre_pp != "$$" ]] || continue
+    __gyre_roots[$p]=1
+    printf '%s ' "$p"
+  done
+}
+__gyre_after() { [[ $1 == keep ]] && __gyre_adopt; __gyre_sweep; }
+"""
 
 
 def _markers(token: str, rc: str | int) -> str:
@@ -48,6 +126,11 @@ def _markers(token: str, rc: str | int) -> str:
 
 def _marker_bytes(token: str) -> tuple[bytes, bytes]:
     return f"\x1eGYRE{token}:".encode(), f"\x1eGYRE{token}\n".encode()
+
+
+def _pids(text: str) -> list[str]:
+    """The pids the reaper printed (digits only: they go back into bash as array keys)."""
+    return [word for word in text.split() if word.isdigit() and word.isascii()]
 
 
 def shell_quote(text: str) -> str:
@@ -146,7 +229,18 @@ class PersistentShell:
         start_timeout: float = 60.0,
         popen_kwargs: dict | None = None,
         signal_is_fatal: bool = False,
+        reap: str = "group",
     ):
+        """``reap``: how the processes a command leaves behind are found (see the module
+        docstring): ``group``; ``namespace`` (each start of ``argv`` makes a new pid
+        namespace: bubblewrap); ``container`` (one namespace that outlives the shell:
+        ``docker exec``)."""
+        if reap not in REAP_MODES:
+            raise ValueError(f"reap must be one of {REAP_MODES}, got {reap!r}")
+        self.reap = reap
+        self._keep: list[str] | None = None  # pids there before the first command
+        self._roots: set[str] = set()  # pids kept by keep_background (container mode)
+        self._owner: int | None = None  # thread that holds _lock while a command runs
         self.argv = argv
         self.workdir = workdir
         self.env = dict(env or {})
@@ -175,23 +269,54 @@ class PersistentShell:
         )
         for stream in (self._proc.stdout, self._proc.stderr):
             os.set_blocking(stream.fileno(), False)
-        # Job control gives each background job its own process group.
         self._starting = True
         try:
-            result = self._run_locked("set -m; true", timeout=self.start_timeout, raw=True)
+            result = self._run_locked(self._startup(), timeout=self.start_timeout, raw=True)
         finally:
             self._starting = False
         if result.exit_code != 0:
             raise SandboxError(f"sandbox shell did not start: {result.stderr.strip()[:500]}")
+        if self.reap != "group" and (self._keep is None or self.reap == "namespace"):
+            self._keep = _pids(result.stdout)
+            self._roots = set()
+
+    def _startup(self) -> str:
+        """The first statement of a shell: job control (each background job gets its own
+        process group) and the reaper; in a pid namespace, the processes to keep."""
+        if self.reap == "group":
+            return f"set -m; {_REAP_GROUP}\ntrue"
+        if self._keep is None or self.reap == "namespace":
+            # A fresh namespace: what runs before any command (init, the container's main
+            # process) is kept; the shell prints it for the host to remember.
+            keep = (
+                'for p in /proc/[0-9]*; do p=${p#/proc/}; [[ $p == "$$" ]] || '
+                '__gyre_keep[$p]=1; done; printf "%s " "${!__gyre_keep[@]}"'
+            )
+        else:  # a new shell in the same container: keep what the first one kept
+            kept = " ".join(f"[{p}]=1" for p in self._keep)
+            roots = " ".join(f"[{p}]=1" for p in sorted(self._roots))
+            keep = f"__gyre_keep=({kept}); __gyre_roots=({roots}); __gyre_sweep"
+        # A pipe that never has data: ``read -t`` on it is the sweep's sleep (no fork).
+        idle = "exec {__gyre_idle}<> <(:)"
+        return f"set -m; {_REAP_NAMESPACE}\n{keep}\n{idle}\ntrue"
 
     def close(self) -> None:
-        """Stop the shell; a command running in another thread ends with SandboxClosedError."""
+        """Stop the shell; a command running in another thread ends with SandboxClosedError.
+
+        Never waits on a command: called from a signal handler (``lifecycle``) that
+        interrupted this very thread in ``run``, it must not wait for the lock that thread
+        holds. Killing the shell's process makes the running command end at once; the run
+        that holds the lock then frees what is left."""
         self._closed = True
         proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.kill()  # unblocks a running command (its reader sees EOF) before the lock
-        with self._lock:
+        if self._owner == threading.get_ident() or not self._lock.acquire(timeout=10):
+            return
+        try:
             self._stop_process()
+        finally:
+            self._lock.release()
 
     def _stop_process(self) -> None:
         proc, self._proc = self._proc, None
@@ -227,35 +352,67 @@ class PersistentShell:
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         output_limit: int | None = None,
+        keep_background: bool = False,
     ) -> ExecResult:
-        """Run ``cmd`` with bash; ``output_limit`` overrides the per-stream byte cap."""
+        """Run ``cmd`` with bash; ``output_limit`` overrides the per-stream byte cap.
+
+        When it ends (or is killed at ``timeout``) every process it left behind is killed
+        (see the module docstring), unless ``keep_background``: then what it leaves
+        running, and their descendants, are kept until the sandbox closes."""
         if not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         env = {**self.env, **(env or {})}
         _check_env(env)
         exports = "".join(f"export {k}={shell_quote(v)}; " for k, v in env.items())
         where = shell_quote(cwd or self.workdir)
-        body = f"{exports}cd -- {where} && eval {shell_quote(cmd)}"
+        # The command's processes are the kernel's first choice at the memory limit.
+        body = (
+            "{ echo 1000 > /proc/self/oom_score_adj; } 2>/dev/null; "
+            f"{exports}cd -- {where} && eval {shell_quote(cmd)}"
+        )
         with self._lock:
-            if self._closed:
-                raise SandboxClosedError("sandbox is closed")
-            if self._dead:
-                raise SandboxError(self._dead)
-            restarted = self._proc is None or self._proc.poll() is not None
-            if restarted:  # the previous command ended the shell (e.g. `kill -9 $$`)
-                self._restart()
+            self._owner = threading.get_ident()
             try:
-                result = self._run_locked(body, timeout=timeout, limit=output_limit)
-            except _NotRun:  # the shell died before it read the command (it never ran)
-                self._restart()
-                restarted = True
-                result = self._run_locked(body, timeout=timeout, limit=output_limit)
-            if restarted:
-                result.shell_restarted = True
-                result.stderr += (
-                    "[gyre] the previous command ended the sandbox's shell; a new one was started\n"
-                )
-            return result
+                return self._run_reaped(body, timeout, output_limit, keep_background)
+            finally:
+                self._owner = None
+                if self._closed:  # closed while the command ran: free what close left
+                    self._stop_process()
+
+    def _run_reaped(self, body: str, timeout: float, limit: int | None, keep: bool) -> ExecResult:
+        if self._closed:
+            raise SandboxClosedError("sandbox is closed")
+        if self._dead:
+            raise SandboxError(self._dead)
+        restarted = self._proc is None or self._proc.poll() is not None
+        if restarted:  # the previous command ended the shell (e.g. `kill -9 $$`)
+            self._restart()
+        try:
+            result = self._run_locked(body, timeout=timeout, limit=limit)
+        except _NotRun:  # the shell died before it read the command (it never ran)
+            self._restart()
+            restarted = True
+            result = self._run_locked(body, timeout=timeout, limit=limit)
+        if restarted:
+            result.shell_restarted = True
+            result.stderr += (
+                "[gyre] the previous command ended the sandbox's shell; a new one was started\n"
+            )
+        self._reap(result, keep)
+        return result
+
+    def _reap(self, result: ExecResult, keep: bool) -> None:
+        """Kill what the command left behind (or adopt it, ``keep``), through the shell."""
+        after = self._run_locked(
+            f"__gyre_after {'keep' if keep else 'kill'}", timeout=_SWEEP_TIMEOUT, raw=True
+        )
+        if after.shell_restarted:  # the sweep could not finish: a fresh shell swept instead
+            result.shell_restarted = True
+            result.stderr += (
+                "[gyre] the sandbox's shell was restarted to clean up after the command\n"
+            )
+        elif keep and self.reap == "container":
+            self._roots.update(_pids(after.stdout))
 
     def _restart(self) -> None:
         if self._closed:
@@ -311,7 +468,10 @@ class PersistentShell:
                     token = secrets.token_hex(8)
                     out_marker, err_marker = _marker_bytes(token)
                     after, err_done = None, False
-                    kill = f"kill -KILL -$! 2>/dev/null; {_markers(token, _TIMEOUT_EXIT)}\n"
+                    kill = (
+                        f"kill -KILL -$! 2>/dev/null; __gyre_after kill 2>/dev/null; "
+                        f"{_markers(token, _TIMEOUT_EXIT)}\n"
+                    )
                     try:
                         self._proc.stdin.write(kill.encode())
                     except OSError:

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import tarfile
 import tempfile
 import threading
 import time
@@ -173,7 +174,8 @@ def grade_sandbox(task: Task, sandbox, config: GradingConfig | None = None) -> G
     with tempfile.TemporaryDirectory(prefix="gyre-grade-copy-") as tmp:
         try:
             _copy_out(sandbox, tmp)
-        except (SandboxError, OSError, ValueError) as e:
+        except (SandboxError, OSError, ValueError, tarfile.TarError) as e:
+            # A workspace the agent wedged or broke (a live sandbox) is the agent's failure.
             alive = _alive(sandbox)
             status = "workspace_error" if alive else "infra_error"
             why = "could not be copied out" if alive else "died before it could be copied out"

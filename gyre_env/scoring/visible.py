@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import secrets
+import time
 from dataclasses import dataclass, field
 
 from gyre_env.scoring.junit import JUnitError, TestCounts, parse_junit, select_cases
@@ -48,15 +49,22 @@ class VisibleRun:
 
 
 def run_visible_tests(sandbox, task: Task, timeout_s: float = 300.0) -> VisibleRun:
-    """Run ``task.visible_test_commands`` in the workspace and read their reports."""
+    """Run ``task.visible_test_commands`` in the workspace and read their reports.
+
+    ``timeout_s`` bounds all the commands together: each gets what is left of it, and the
+    sandbox kills a command at its timeout with everything it started, so a run lasts
+    ``timeout_s`` plus the sandbox's few seconds of cleanup, whatever the tests do."""
+    deadline = time.monotonic() + timeout_s
     report_dir = f"/tmp/gyre-visible-{secrets.token_hex(6)}"
     sandbox.exec(f"mkdir -p {report_dir}", timeout=30)
     cases, problems, outputs = [], [], []
     try:
         for cmd in task.visible_grading_commands(report_dir):
-            result = sandbox.exec(
-                cmd.command, timeout=timeout_s, env={"PYTEST_ADDOPTS": PYTEST_ADDOPTS}
-            )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                problems.append(f"`{cmd.command}` not run: the {timeout_s:.0f}s were used up")
+                continue
+            result = sandbox.exec(cmd.command, timeout=left, env={"PYTEST_ADDOPTS": PYTEST_ADDOPTS})
             outputs.append(f"$ {cmd.command}\n{result.output}")
             if result.timed_out:
                 problems.append(f"`{cmd.command}` timed out after {timeout_s:.0f}s")
