@@ -8,6 +8,14 @@ running gyre (a virtualenv and its base; ``python3`` is the venv's) read-only, w
 v2), or from ``prlimit`` (address space only) where cgroups are not writable. The
 sandbox dies with its owner process (``--die-with-parent``). Does not cover: reading
 world-readable host files under ``/etc`` and ``/usr``, kernel exploits.
+
+An *evaluator* sandbox (``evaluator=True``, used by the final grader) started by root
+gets no user namespace (its uid map would hold uid 0 alone, so nothing in it could
+``setuid``) and keeps the few capabilities the grader needs to run the tests as a fresh
+unprivileged uid, as in Docker: CHOWN, DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER, SETUID,
+SETGID and KILL. The other namespaces and the read-only binds are the same; the tested
+code runs as that uid with no capabilities. Without root it is an ordinary sandbox and
+the grader reports ``privilege_drop=False``.
 """
 
 from __future__ import annotations
@@ -33,6 +41,18 @@ from gyre_env.sandbox.shell import PersistentShell, shell_quote
 log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+EVALUATOR_UNSHARE = ("--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try")
+"""An evaluator's namespaces: all but the user namespace (and the network one, added
+unless the config asks for a network)."""
+EVALUATOR_CAPS = (
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_SETUID",
+    "CAP_SETGID",
+    "CAP_KILL",
+)
 WORKSPACE_PREFIX = "gyre-bwrap-"
 
 
@@ -136,9 +156,11 @@ class BwrapSandbox(ShellSandbox):
 
     backend = "bwrap"
 
-    def __init__(self, config: SandboxConfig | None = None):
+    def __init__(self, config: SandboxConfig | None = None, *, evaluator: bool = False):
         require_bwrap()
         self.config = config or SandboxConfig()
+        # Started for the final grader by root: may switch to a fresh uid (see above).
+        self.evaluator = evaluator and os.geteuid() == 0
         self.id = f"gyre-bwrap-{uuid.uuid4().hex[:12]}"
         self.workspace = WORKSPACE
         self._closed = False
@@ -170,6 +192,10 @@ class BwrapSandbox(ShellSandbox):
         argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         if cfg.network:
             argv.append("--share-net")
+        if self.evaluator:
+            argv[1:2] = [*EVALUATOR_UNSHARE, *([] if cfg.network else ["--unshare-net"])]
+            for cap in EVALUATOR_CAPS:
+                argv += ["--cap-add", cap]
         argv += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
         for link in ("bin", "lib", "lib64", "sbin"):
             target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
