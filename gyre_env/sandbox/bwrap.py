@@ -236,6 +236,9 @@ class BwrapSandbox(ShellSandbox):
         ]
         for prefix in prefixes:  # after the /tmp tmpfs, which would hide a venv under /tmp
             if prefix != "/usr" and not prefix.startswith("/usr/"):
+                if self.evaluator:  # bwrap makes a mount's parents 0700: the uid needs in
+                    for parent in reversed(Path(prefix).parents[:-1]):
+                        argv += ["--perms", "0755", "--dir", str(parent)]
                 argv += ["--ro-bind", prefix, prefix]
         if cfg.proxy_socket:
             host_dir, inside = route.socket_mount(cfg.proxy_socket)
