@@ -15,6 +15,14 @@ process it left behind in the sandbox's pid namespace is killed (``setsid`` and 
 bombs included; see ``gyre_env.sandbox.shell``). Does not cover: reading world-readable
 host files under ``/etc`` and ``/usr`` (task folders of your own placed there included:
 keep them elsewhere), kernel exploits.
+
+An *evaluator* sandbox (``evaluator=True``, used by the final grader) started by root
+gets no user namespace (its uid map would hold uid 0 alone, so nothing in it could
+``setuid``) and keeps the few capabilities the grader needs to run the tests as a fresh
+unprivileged uid, as in Docker: CHOWN, DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER, SETUID,
+SETGID and KILL. The other namespaces and the read-only binds are the same; the tested
+code runs as that uid with no capabilities. Without root it is an ordinary sandbox and
+the grader reports ``privilege_drop=False``.
 """
 
 from __future__ import annotations
@@ -40,6 +48,18 @@ from gyre_env.sandbox.shell import PersistentShell, shell_quote
 log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+EVALUATOR_UNSHARE = ("--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try")
+"""An evaluator's namespaces: all but the user namespace (and the network one, added
+unless the config asks for a network)."""
+EVALUATOR_CAPS = (
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_SETUID",
+    "CAP_SETGID",
+    "CAP_KILL",
+)
 WORKSPACE_PREFIX = "gyre-bwrap-"
 
 
@@ -143,9 +163,11 @@ class BwrapSandbox(ShellSandbox):
 
     backend = "bwrap"
 
-    def __init__(self, config: SandboxConfig | None = None):
+    def __init__(self, config: SandboxConfig | None = None, *, evaluator: bool = False):
         require_bwrap()
         self.config = config or SandboxConfig()
+        # Started for the final grader by root: may switch to a fresh uid (see above).
+        self.evaluator = evaluator and os.geteuid() == 0
         self.id = f"gyre-bwrap-{uuid.uuid4().hex[:12]}"
         self.workspace = WORKSPACE
         self._closed = False
@@ -181,6 +203,11 @@ class BwrapSandbox(ShellSandbox):
         argv += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         if cfg.network:
             argv.append("--share-net")
+        if self.evaluator:
+            at = argv.index("--unshare-all")  # after the `env -i bwrap` prefix
+            argv[at : at + 1] = [*EVALUATOR_UNSHARE, *([] if cfg.network else ["--unshare-net"])]
+            for cap in EVALUATOR_CAPS:
+                argv += ["--cap-add", cap]
         argv += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
         binds = ["/usr", "/etc"]
         for link in ("bin", "lib", "lib64", "sbin"):
@@ -223,6 +250,9 @@ class BwrapSandbox(ShellSandbox):
         ]
         for prefix in prefixes:  # after the /tmp tmpfs, which would hide a venv under /tmp
             if prefix != "/usr" and not prefix.startswith("/usr/"):
+                if self.evaluator:  # bwrap makes a mount's parents 0700: the uid needs in
+                    for parent in reversed(Path(prefix).parents[:-1]):
+                        argv += ["--perms", "0755", "--dir", str(parent)]
                 argv += ["--ro-bind", prefix, prefix]
                 binds.append(prefix)
         try:  # last of the binds: an empty read-only tmpfs over every folder of task data

@@ -19,7 +19,13 @@ This script, before any agent-written code runs:
    (``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``, a private ``PYTHONUSERBASE`` for ``pip install``,
    no network index), each report path deleted just before its command, every process of
    the uid killed after it, so nothing the install step started can write a report later;
-5. copies each report to a root-owned file and prints a JSON summary on stdout.
+5. gives each reporting test command (one with a report path) the verdict channel: a key
+   (from ``keys.json``, which the host wrote and this script deletes before anything else
+   runs) on a pipe that the pytest launcher reads once and closes, and a second pipe on
+   which the launcher's plugin streams signed records; this script keeps what arrives in
+   a root-owned ``reports/verdict-<i>.jsonl`` for the host to verify (the JUnit file the
+   command names is never written: the launcher drops the option);
+6. prints a JSON summary on stdout.
 
 When the uid cannot be used (not root, or the interpreter is not readable by others, as
 with a Python under /root on a bare host) the commands run as the current user and the
@@ -31,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -39,12 +46,15 @@ import threading
 import time
 
 TAIL = 6000  # bytes of each command's output kept
+MAX_VERDICT_BYTES = 64 << 20  # more than this on the verdict pipe is not a verdict
+VERDICT_DRAIN_S = 5.0  # how long the pipe is read after its command ended
 
 
 def main(plan_path: str) -> int:
     with open(plan_path) as fh:
         plan = json.load(fh)
     grader = os.path.dirname(os.path.abspath(plan_path))
+    grants = _take_keys(os.path.join(grader, "keys.json"))
     repo = plan["repo"]
     # Not resolved: a virtualenv's python3 is a link to its base interpreter, which alone
     # has no pytest (bubblewrap runs gyre's own venv, read-only, first on PATH).
@@ -79,14 +89,20 @@ def main(plan_path: str) -> int:
             _remove(report)
         _sweep(repo, keep=hidden_files)  # the install step may have planted conftest.py
         left = deadline - time.monotonic()
-        result = _run(step["command"], repo, env, uid, max(left, 0.5))
+        grant = None
+        if report:
+            conftests = [os.path.join(repo, f) for f in hidden_files if _is_conftest(f)]
+            grant = {**grants[i], "conftests": conftests}
+        channel = _Channel(grant) if grant else None
+        result = _run(step["command"], repo, env, uid, max(left, 0.5), channel)
         if uid is not None:
             _kill_uid(uid, python)
         result["report"] = None
-        if report and os.path.isfile(report) and not os.path.islink(report):
-            final = os.path.join(grader, "reports", f"final-{i}.xml")
+        if channel is not None:
+            final = os.path.join(grader, "reports", f"verdict-{i}.jsonl")
             os.makedirs(os.path.dirname(final), exist_ok=True)
-            shutil.copyfile(report, final)
+            with open(final, "wb") as fh:
+                fh.write(channel.finish())
             result["report"] = os.path.relpath(final, plan["workspace"])
         results.append(result)
     print(
@@ -95,6 +111,71 @@ def main(plan_path: str) -> int:
         )
     )
     return 0
+
+
+def _take_keys(path: str) -> list[dict]:
+    """The host's per-command keys; the file is gone before any workspace code runs."""
+    with open(path) as fh:
+        data = json.load(fh)
+    os.unlink(path)
+    return [{"key": key, "nonce": data["nonce"], "index": i} for i, key in enumerate(data["keys"])]
+
+
+def _is_conftest(rel: str) -> bool:
+    return os.path.basename(rel) == "conftest.py"
+
+
+class _Channel:
+    """The two pipes of one command's verdict: the key (read once by the launcher) and
+    the signed records (read here, while the command runs)."""
+
+    def __init__(self, grant: dict):
+        self.key_r, key_w = os.pipe()
+        os.write(key_w, json.dumps(grant).encode())  # a few hundred bytes: fits the pipe
+        os.close(key_w)
+        self.out_r, self.out_w = os.pipe()
+        self.data = bytearray()
+        self.overflow = False
+        self._stop = threading.Event()
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+
+    def env(self) -> dict:
+        return {"GYRE_GRADER_KEY_FD": str(self.key_r), "GYRE_GRADER_VERDICT_FD": str(self.out_w)}
+
+    def started(self) -> None:
+        """The command holds its ends now; this process keeps only the records' reader."""
+        os.close(self.key_r)
+        os.close(self.out_w)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        drain_until = None
+        while True:
+            if self._stop.is_set() and drain_until is None:
+                drain_until = time.monotonic() + VERDICT_DRAIN_S
+            if drain_until is not None and time.monotonic() > drain_until:
+                return
+            ready, _, _ = select.select([self.out_r], [], [], 0.2)
+            if not ready:
+                if drain_until is not None:
+                    return  # the command is over and the pipe is quiet
+                continue
+            chunk = os.read(self.out_r, 65536)
+            if not chunk:
+                return
+            if len(self.data) + len(chunk) > MAX_VERDICT_BYTES:
+                self.overflow = True
+                return
+            self.data.extend(chunk)
+
+    def finish(self) -> bytes:
+        """What arrived; a process left holding the pipe open is not waited for."""
+        self._stop.set()
+        self._reader.join()
+        os.close(self.out_r)
+        if self.overflow:
+            return b"overflow: more than %d bytes on the verdict pipe\n" % MAX_VERDICT_BYTES
+        return bytes(self.data)
 
 
 def _remove(path: str) -> None:
@@ -269,18 +350,22 @@ def _command_env(grader: str, home: str, userbase: str, tmp: str, ini: str) -> d
     }
 
 
-def _run(command: str, cwd: str, env: dict, uid: int | None, timeout: float) -> dict:
+def _run(command: str, cwd: str, env: dict, uid: int | None, timeout: float, channel=None) -> dict:
     start = time.monotonic()
+    fds = (channel.key_r, channel.out_w) if channel is not None else ()
     proc = subprocess.Popen(
         ["bash", "-c", command],
         cwd=cwd,
-        env=env,
+        env={**env, **channel.env()} if channel is not None else env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        pass_fds=fds,
         preexec_fn=_dropper(uid) if uid is not None else None,
     )
+    if channel is not None:
+        channel.started()
     head, tail = bytearray(), bytearray()
 
     def pump() -> None:

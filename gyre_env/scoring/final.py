@@ -3,8 +3,20 @@
 ``grade_workspace(task, folder)`` starts an evaluator sandbox from the task's image, puts
 the workspace copy and the grader (``_evaluator_run.py``, ``_pytest_launcher.py``, the
 hidden tests) in it, runs the task's test commands through bash (see
-``_evaluator_run`` for what is locked down and why) and reads the JUnit XML reports:
-score = passed / declared, capped at 1, counting only cases from the hidden test files.
+``_evaluator_run`` for what is locked down and why) and reads each pytest command's
+verdict: score = passed / declared, capped at 1, counting only cases from the hidden test
+files.
+
+The verdict comes from outside the agent's reach, not from a file the tested code could
+write: the host makes a key per command, the evaluator hands it to the grader's pytest
+launcher on a pipe, and the launcher's plugin streams signed records of each case and a
+final ``finish`` record (``_pytest_launcher`` says what that does and does not cover;
+``verdict`` checks the stream). A stream that is not entirely the plugin's, or in which
+the plugin saw its runner patched, is *tampered*: ``status="workspace_error"``,
+``tampered=True``, score 0, with no control run (nothing but the workspace's code writes
+to that pipe). Not ``infra_error``: that would drop the episode from training and so
+reward the attempt by hiding its failure. A stream that just stops (``os._exit``, a
+crash) has no ``finish`` record and is *suspect*, like a missing report.
 
 Who is to blame when grading fails: a run that leaves a report missing or unreadable,
 times out, or kills the evaluator is *suspect*. The same grader then runs on the task's
@@ -28,6 +40,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import tarfile
 import tempfile
@@ -37,8 +50,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gyre_env.scoring.junit import JUnitError, TestCase, TestCounts, parse_junit, select_cases
+from gyre_env.scoring.junit import TestCase, TestCounts, select_cases
 from gyre_env.scoring.rewards import quantize
+from gyre_env.scoring.verdict import VerdictError, VerdictTampered, read_verdict
 from gyre_env.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -80,7 +94,8 @@ class CommandRun:
     duration_s: float
     output: str
     report: str | None
-    """Workspace-relative path of the report in the evaluator, or None if none was written."""
+    """Workspace-relative path in the evaluator of the command's signed verdict stream (a
+    root-owned copy of what the grader's plugin sent), or None for a command without one."""
 
 
 @dataclass(kw_only=True)
@@ -100,6 +115,9 @@ class GradingResult:
     control: GradingResult | None = None
     reused: bool = False
     """The result of an earlier run on a byte-identical workspace (``memoize``)."""
+    tampered: bool = False
+    """The workspace's code interfered with the grader's verdict (``status`` is then
+    ``workspace_error`` and the score 0; ``reason`` says what was seen)."""
 
     @property
     def passed(self) -> int:
@@ -130,6 +148,7 @@ class GradingResult:
             "errors": self.counts.errors,
             "skipped": self.counts.skipped,
             "count_mismatch": self.count_mismatch,
+            "tampered": self.tampered,
             "reason": self.reason,
         }
 
@@ -303,12 +322,12 @@ def _control(task: Task, config: GradingConfig) -> GradingResult:
 
 
 def _grade_once(task: Task, workspace: str | Path | None, config: GradingConfig) -> GradingResult:
-    from gyre_env.sandbox import SandboxConfig, SandboxError, make_sandbox
+    from gyre_env.sandbox import SandboxConfig, SandboxError
 
     start = time.monotonic()
     declared = task.test_count
     try:
-        sandbox = make_sandbox(
+        sandbox = _evaluator(
             SandboxConfig.from_dict({**config.sandbox, "image": task.image}), config.backend
         )
     except Exception as e:  # no daemon, missing image, bad config: nothing the agent did
@@ -337,6 +356,17 @@ def _grade_once(task: Task, workspace: str | Path | None, config: GradingConfig)
     return result
 
 
+def _evaluator(sandbox_config, backend: str):
+    """A fresh evaluator sandbox; on bubblewrap one that can drop privileges like Docker's."""
+    from gyre_env.sandbox import choose_backend, make_sandbox
+
+    if choose_backend(backend) == "bwrap":
+        from gyre_env.sandbox.bwrap import BwrapSandbox
+
+        return BwrapSandbox(sandbox_config, evaluator=True)
+    return make_sandbox(sandbox_config, backend)
+
+
 def _run_in(sandbox, task: Task, workspace, config: GradingConfig) -> GradingResult:
     ws = sandbox.workspace
     timeout = float(config.timeout_s or task.grading_timeout_s)
@@ -353,6 +383,8 @@ def _run_in(sandbox, task: Task, workspace, config: GradingConfig) -> GradingRes
         shutil.copyfile(_HERE / "_pytest_launcher.py", grader / "launch.py")
         (grader / "pytest.ini").write_text(NEUTRAL_INI)
         commands = task.grading_commands(f"{ws}/grader/out")
+        keys = _Keys.new(len(commands))
+        keys.write(grader / "keys.json")
         plan = {
             "workspace": ws,
             "repo": f"{ws}/repo",
@@ -376,14 +408,32 @@ def _run_in(sandbox, task: Task, workspace, config: GradingConfig) -> GradingRes
             declared=task.test_count,
             reason=f"the grader crashed (exit {proc.exit_code}): {proc.output[-2000:]}",
         )
-    return _score(sandbox, task, summary)
+    return _score(sandbox, task, summary, keys, f"{ws}/repo")
 
 
-def _score(sandbox, task: Task, summary: dict) -> GradingResult:
+@dataclass(frozen=True)
+class _Keys:
+    """One grading run's nonce and a key per test command (never sent back out)."""
+
+    nonce: str
+    keys: tuple[bytes, ...]
+
+    @classmethod
+    def new(cls, n: int) -> _Keys:
+        return cls(secrets.token_hex(16), tuple(secrets.token_bytes(32) for _ in range(n)))
+
+    def write(self, path: Path) -> None:
+        """The evaluator's copy: root's, mode 0600, deleted by it before any test runs."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"nonce": self.nonce, "keys": [k.hex() for k in self.keys]}, fh)
+
+
+def _score(sandbox, task: Task, summary: dict, keys: _Keys, repo: str) -> GradingResult:
     runs = [CommandRun(**c) for c in summary["commands"]]
     cases: list[TestCase] = []
-    problems = []
-    for spec, run in zip(task.grading_commands("."), runs, strict=True):
+    problems, tampering = [], []
+    for i, (spec, run) in enumerate(zip(task.grading_commands("."), runs, strict=True)):
         if run.timed_out:
             problems.append(f"`{run.command}` timed out")
         if spec.junit_path is None:
@@ -391,10 +441,24 @@ def _score(sandbox, task: Task, summary: dict) -> GradingResult:
         if run.report is None:
             problems.append(f"`{run.command}` wrote no report (exit {run.exit_code})")
             continue
+        data = sandbox.read_file(run.report)
         try:
-            cases += parse_junit(sandbox.read_file(run.report))
-        except JUnitError as e:
-            problems.append(f"`{run.command}` wrote an unreadable report: {e}")
+            cases += read_verdict(data, key=keys.keys[i], nonce=keys.nonce, index=i, rootdir=repo)
+        except VerdictTampered as e:
+            tampering.append(f"`{run.command}`: {e}")
+        except VerdictError as e:
+            problems.append(f"`{run.command}` gave no complete verdict (exit {run.exit_code}): {e}")
+    drop = bool(summary.get("privilege_drop"))
+    if tampering:
+        return GradingResult(
+            status="workspace_error",
+            score=0.0,
+            declared=task.test_count,
+            reason="tampering with the grader: " + "; ".join(tampering + problems),
+            commands=runs,
+            privilege_drop=drop,
+            tampered=True,
+        )
     counts = TestCounts.of(select_cases(cases, task.hidden_test_paths))
     score = quantize(min(1.0, counts.passed / task.test_count))
     return GradingResult(
@@ -404,5 +468,5 @@ def _score(sandbox, task: Task, summary: dict) -> GradingResult:
         counts=counts,
         reason="; ".join(problems),
         commands=runs,
-        privilege_drop=bool(summary.get("privilege_drop")),
+        privilege_drop=drop,
     )

@@ -4,9 +4,12 @@ ignoring it. Every test first shows the trick WORKING against a naive runner
 vacuously; then the grader must still give the honest score (1 of 4 tests: 0.25).
 
 Tricks that act through ``pip install`` (installed modules, .pth files, entry points)
-use a variant of the task whose first command installs the workspace. Tricks that need the evaluator's privilege drop (writing into the image's own
-site-packages, rewriting the hidden tests, a daemon forging the report) run only in
-Docker: on the local backend they would write into this machine's Python.
+use a variant of the task whose first command installs the workspace. Every trick runs
+on both isolating backends, Docker and bubblewrap (whose evaluator drops privileges like
+Docker's); tricks that need that privilege drop (writing into the image's own
+site-packages, rewriting the hidden tests, a daemon forging the report) are not tried on
+the local backend, where they would write into this machine's Python. Forgeries from
+inside the pytest process (the tested code itself) are in ``tests/security/test_forge.py``.
 """
 
 from __future__ import annotations
@@ -100,13 +103,20 @@ def _check_trick(trick, backend, calc_task, calc_pip_task, ws, tmp_path):
     assert result.passed == 1 and result.collected == 4
 
 
-@pytest.mark.docker
+ISOLATING = [
+    pytest.param("docker", marks=pytest.mark.docker),
+    pytest.param("bwrap", marks=pytest.mark.bwrap),
+]
+
+
+@pytest.mark.parametrize("backend", ISOLATING)
 @pytest.mark.parametrize("trick", sorted(TRICKS))
 def test_trick_cannot_change_the_hidden_result(
-    trick, calc_task, calc_pip_task, partial_ws, tmp_path
+    trick, backend, calc_task, calc_pip_task, partial_ws, tmp_path
 ):
-    """The real evaluator: a container from the task's image, privileges dropped."""
-    _check_trick(trick, "docker", calc_task, calc_pip_task, partial_ws, tmp_path)
+    """The real evaluators: a container from the task's image, or a bubblewrap sandbox,
+    privileges dropped."""
+    _check_trick(trick, backend, calc_task, calc_pip_task, partial_ws, tmp_path)
 
 
 @pytest.mark.parametrize("trick", ["conftest_root", "fake_pytest_module"])
@@ -128,14 +138,14 @@ def test_extra_passing_tests_do_not_count(calc_task, partial_ws, tmp_path):
     assert (result.score, result.collected) == (HONEST, 4)
 
 
-@pytest.mark.docker
-def test_planted_copy_of_hidden_file_is_overwritten(calc_task, partial_ws):
+@pytest.mark.parametrize("backend", ISOLATING)
+def test_planted_copy_of_hidden_file_is_overwritten(backend, calc_task, partial_ws):
     write_tree(partial_ws, {"tests/test_calc.py": "def test_add():\n    pass\n" * 1})
-    result = grade_workspace(calc_task, partial_ws, GradingConfig(backend="docker"))
+    result = grade_workspace(calc_task, partial_ws, GradingConfig(backend=backend))
     assert (result.score, result.collected) == (HONEST, 4)
 
 
-DOCKER_TRICKS = {
+PRIVILEGED_TRICKS = {
     # setup.py (run by `pip install` during grading) writes into the image's site-packages.
     "system_site_pth": {
         "setup.py": SETUP_PY_HEAD
@@ -175,11 +185,13 @@ DOCKER_TRICKS = {
 }
 
 
-@pytest.mark.docker
-@pytest.mark.parametrize("trick", sorted(DOCKER_TRICKS))
-def test_trick_cannot_change_the_hidden_result_in_docker(trick, calc_pip_task, partial_ws):
-    write_tree(partial_ws, DOCKER_TRICKS[trick])
-    result = grade_workspace(calc_pip_task, partial_ws, GradingConfig(backend="docker"))
-    assert result.privilege_drop, "the Docker evaluator must drop privileges"
+@pytest.mark.parametrize("backend", ISOLATING)
+@pytest.mark.parametrize("trick", sorted(PRIVILEGED_TRICKS))
+def test_trick_needing_privileges_cannot_change_the_hidden_result(
+    trick, backend, calc_pip_task, partial_ws
+):
+    write_tree(partial_ws, PRIVILEGED_TRICKS[trick])
+    result = grade_workspace(calc_pip_task, partial_ws, GradingConfig(backend=backend))
+    assert result.privilege_drop, f"the {backend} evaluator must drop privileges"
     assert result.status == "ok", result.reason
     assert (result.score, result.collected) == (HONEST, 4), result.summary()

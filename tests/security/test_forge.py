@@ -1,0 +1,190 @@
+"""Code under test forging its own grade from inside the pytest process, on every backend.
+
+The hidden tests import the agent's module, so whatever it does at import time or when a
+test calls it runs inside the grader's pytest process. Each attack below is the calc
+task's partial solution (1 of 4 hidden tests passes: honest score 0.25) plus a forging
+trick, and is first shown to WORK against a naive runner (``calc_task.naive_score``:
+plain pytest, the score read from the JUnit file), so no test here can pass vacuously.
+The grader must then give 0, say why, and never count the run as ``infra_error`` (which
+would leave it out of training and hide the failure from the policy).
+
+What is not covered, and so not tested: code that finds the grader's own plugin through
+``gc`` and calls its signer (see ``gyre_env/scoring/_pytest_launcher.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scoring"))
+from calc_task import (  # noqa: E402
+    PARTIAL,
+    PYPROJECT,
+    make_calc_task,
+    naive_score,
+    write_tree,
+)
+
+from gyre_env.scoring import GradingConfig, grade_workspace  # noqa: E402
+
+BACKENDS = [
+    pytest.param("docker", marks=pytest.mark.docker),
+    pytest.param("bwrap", marks=pytest.mark.bwrap),
+    "local",
+]
+
+# Shared by the attacks: a JUnit report in which all four hidden tests pass, and the
+# report path pytest was given (from /proc: the grader's launcher rewrites sys.argv).
+FORGE = """
+import os
+
+CASES = "".join(
+    '<testcase classname="tests.test_calc" name="test_%s" file="tests/test_calc.py"/>' % n
+    for n in ("add", "sub", "mul", "div"))
+XML = '<testsuites><testsuite name="pytest" tests="4">' + CASES + "</testsuite></testsuites>"
+
+
+def junit_path():
+    with open("/proc/self/cmdline", "rb") as fh:
+        args = [a.decode() for a in fh.read().split(b"\\0")]
+    for i, arg in enumerate(args):
+        if arg.startswith(("--junitxml=", "--junit-xml=")):
+            return arg.split("=", 1)[1]
+        if arg in ("--junitxml", "--junit-xml") and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def write_report():
+    path = junit_path()
+    if path:
+        with open(path, "w") as fh:
+            fh.write(XML)
+"""
+
+ATTACKS = {
+    # (a) At import: write a passing report where --junitxml points, and leave at once.
+    "junit_then_os_exit": FORGE + "write_report()\nos._exit(0)\n",
+    # (b) Through gc: find pytest's Config and register a plugin that turns every
+    # report into a pass (conftest.py files are swept, so the plugin comes in this way).
+    "gc_config_registers_plugin": FORGE
+    + """
+import gc
+import pytest
+
+class Flip:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        report = outcome.get_result()
+        report.outcome = "passed"
+        report.longrepr = None
+
+for obj in gc.get_objects():
+    if type(obj).__name__ == "Config" and hasattr(obj, "pluginmanager"):
+        obj.pluginmanager.register(Flip(), "flip")
+        break
+""",
+    # (b) Patch pytest's runner: every TestReport is created as a pass.
+    "patch_test_report": FORGE
+    + """
+from _pytest.reports import TestReport
+
+_original = TestReport.from_item_and_call.__func__
+
+def _forged(cls, item, call):
+    report = _original(cls, item, call)
+    report.outcome = "passed"
+    report.longrepr = None
+    return report
+
+TestReport.from_item_and_call = classmethod(_forged)
+""",
+    # (c) atexit: once pytest has written its report, overwrite it, and write forged
+    # "all passed" lines onto every pipe the process holds (the grader's channel included).
+    "atexit_overwrites_report_and_channel": FORGE
+    + """
+import atexit
+import json
+
+def forge():
+    write_report()
+    finish = json.dumps({"k": "finish", "cases": 4, "i": 5, "n": "", "c": 0})
+    line = (json.dumps({"m": "0" * 64, "r": finish}) + "\\n").encode()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if int(name) > 2 and os.readlink("/proc/self/fd/" + name).startswith("pipe:"):
+                os.write(int(name), line)
+        except OSError:
+            pass
+
+atexit.register(forge)
+""",
+    # (c) Leave in the middle of the run: the first failing test exits the process with
+    # status 0 after writing the passing report.
+    "os_exit_inside_a_test": FORGE
+    + """
+def sub(a, b):
+    write_report()
+    os._exit(0)
+""",
+}
+TAMPERED = {
+    "gc_config_registers_plugin",
+    "patch_test_report",
+    "atexit_overwrites_report_and_channel",
+}
+"""Attacks the grader catches in the act (signed ``tampered`` record or forged lines); the
+others just end the run before the grader's finish record."""
+
+
+def _config(backend: str) -> GradingConfig:
+    # The images have no plugins; this host has many, slow to load and beside the point.
+    return GradingConfig(backend=backend, pytest_plugins=[] if backend == "local" else None)
+
+
+@pytest.fixture
+def calc_task(tmp_path):
+    return make_calc_task(tmp_path / "calc-task")
+
+
+def _workspace(root: Path, attack: str) -> Path:
+    return write_tree(root, {"calc.py": PARTIAL + ATTACKS[attack], "pyproject.toml": PYPROJECT})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_in_process_forgery_scores_zero(attack, backend, calc_task, tmp_path):
+    ws = _workspace(tmp_path / "ws", attack)
+    assert naive_score(calc_task, ws, tmp_path) == 1.0, "the attack must fool a naive runner"
+    result = grade_workspace(calc_task, ws, _config(backend))
+    assert result.status == "workspace_error", result.summary()
+    assert result.score == 0.0 and result.passed == 0, result.summary()
+    assert result.valid  # scored against the policy, never dropped as infra_error
+    assert result.tampered == (attack in TAMPERED), result.reason
+    if attack in TAMPERED:
+        assert result.reason.startswith("tampering with the grader"), result.reason
+    else:
+        assert "no finish record" in result.reason, result.reason
+        assert result.control is not None and result.control.status == "ok"
+    if backend != "local":
+        assert result.privilege_drop, f"the {backend} evaluator must drop privileges"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_honest_workspaces_keep_their_scores(backend, calc_task, tmp_path):
+    """The signed verdict changes nothing for a workspace that does not attack it."""
+    ws = write_tree(tmp_path / "ws", {"calc.py": PARTIAL, "pyproject.toml": PYPROJECT})
+    result = grade_workspace(calc_task, ws, _config(backend))
+    assert (result.status, result.score, result.passed, result.collected) == ("ok", 0.25, 1, 4)
+    assert not result.tampered and result.reason == ""
+    failed = sorted(c.name for c in result.counts.cases if c.outcome == "failed")
+    assert failed == ["test_div", "test_mul", "test_sub"]
+    assert "assert 0 == 2" in next(c for c in result.counts.cases if c.name == "test_sub").message
+    gold = grade_workspace(calc_task, calc_task.gold_dir, _config(backend))
+    assert (gold.status, gold.score) == ("ok", 1.0)
+    if backend != "local":
+        assert result.privilege_drop and gold.privilege_drop
