@@ -5,9 +5,11 @@
   through the episode's proxy session.
 - ``CliAgent`` / ``ClaudeCodeAgent`` (``cli_tap``): an existing agent CLI run inside the
   episode's sandbox with its base URL pointed at the proxy.
+- ``MiniSweAgent`` (``mini_swe_agent``): mini-swe-agent's own loop, its model at the
+  episode's proxy session and its environment the episode's sandbox (the ``bash`` tool).
 
 Every agent has ``name`` and ``run(ctx) -> AgentResult`` (``base.Agent``). Names are
-imported lazily so that importing this package pulls in no LangGraph.
+imported lazily so that importing this package pulls in no LangGraph or mini-swe-agent.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ _LAZY = {
     "CliAgent": "gyre_env.agents.cli_tap",
     "ClaudeCodeAgent": "gyre_env.agents.cli_tap",
     "CliAgentConfig": "gyre_env.agents.cli_tap",
+    "MiniSweAgent": "gyre_env.agents.mini_swe_agent",
+    "MiniSweAgentConfig": "gyre_env.agents.mini_swe_agent",
 }
 
 __all__ = [

@@ -189,6 +189,14 @@ class StepRecord:
     (the trajectory store attaches the step's reward to it)."""
 
 
+def episode_seed(seed: int, episode_id: str) -> int:
+    """The sampling seed of one episode: ``seed`` plus a stable hash of its id, so a run's
+    rollouts can be replayed exactly while its episodes sample differently."""
+    import zlib
+
+    return (seed * 1_000_003 + zlib.crc32(episode_id.encode())) % (2**31)
+
+
 @runtime_checkable
 class Agent(Protocol):
     """Plays one episode. ``ctx.step`` is its only way to act on the env."""

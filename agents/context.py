@@ -62,6 +62,19 @@ class EpisodeContext:
     def task_id(self) -> str:
         return str(self.info.get("task_id") or self.info.get("task", {}).get("id", ""))
 
+    def model_endpoint(self, api: str, agent: str) -> ModelEndpoint:
+        """The episode's endpoint, checked to exist and to speak ``api`` (``agent`` names
+        who asks, in the error)."""
+        if self.endpoint is None:
+            raise ValueError(f"{agent} needs a model endpoint (a proxy session)")
+        if self.endpoint.api != api:
+            names = {"openai": "OpenAI", "anthropic": "Anthropic"}
+            raise ValueError(
+                f"{agent} speaks the {names.get(api, api)} API; its endpoint speaks "
+                f"{names.get(self.endpoint.api, self.endpoint.api)}"
+            )
+        return self.endpoint
+
     def time_left(self) -> float:
         return self.deadline - time.monotonic()
 

@@ -32,7 +32,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from gyre_env.agents.base import AgentResult, AgentStop, EndReason, ModelFailure
+from gyre_env.agents.base import AgentResult, AgentStop, EndReason, ModelFailure, episode_seed
 from gyre_env.agents.context import EpisodeContext
 
 from gyre_env._optional import require
@@ -141,12 +141,7 @@ class LangGraphAgent:
         from langgraph.graph import StateGraph  # noqa: F401
 
     def run(self, ctx: EpisodeContext) -> AgentResult:
-        if ctx.endpoint is None:
-            raise ValueError("the LangGraph agent needs a model endpoint (a proxy session)")
-        if ctx.endpoint.api != self.api:
-            raise ValueError(
-                f"the LangGraph agent speaks the OpenAI API; its endpoint is {ctx.endpoint.api}"
-            )
+        ctx.model_endpoint(self.api, "the LangGraph agent")
         from langchain_core.messages import HumanMessage, SystemMessage
 
         usage = _Usage()
@@ -406,19 +401,13 @@ def _chat_model(ctx: EpisodeContext, cfg: LangGraphAgentConfig, role: str):
         base_url=ep.base_url,
         api_key=ep.api_key,
         temperature=cfg.temperature,
-        seed=None if cfg.seed is None else _episode_seed(cfg.seed, ctx.episode_id),
+        seed=None if cfg.seed is None else episode_seed(cfg.seed, ctx.episode_id),
         max_tokens=cfg.max_new_tokens,
         timeout=cfg.request_timeout_s,
         max_retries=cfg.model_retries,
         default_headers=headers,
         stream_usage=True,
     )
-
-
-def _episode_seed(seed: int, episode_id: str) -> int:
-    import zlib
-
-    return (seed * 1_000_003 + zlib.crc32(episode_id.encode())) % (2**31)
 
 
 def _openai_tools(schemas: list[dict]) -> list[dict]:

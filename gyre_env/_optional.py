@@ -24,6 +24,9 @@ _EXTRA_OF = {
     "pyarrow": "store",
     "matplotlib": "plots",
     "tensorboard": "train",
+    "minisweagent": "mini-swe-agent",
+    "litellm": "mini-swe-agent",
+    "crewai": "crewai",
 }
 
 

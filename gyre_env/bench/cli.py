@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--agent",
         default=_D.agent,
-        help="langgraph | claude-code | scripted (gold solutions, or --script) | gold | "
+        help="langgraph | mini-swe-agent | claude-code | scripted (gold solutions, or --script) | gold | "
         "'<shell command>' run in the sandbox with its base URL set",
     )
     p.add_argument(
@@ -87,7 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-new-tokens",
         type=int,
         default=_D.max_new_tokens,
-        help="tokens per model call (LangGraph; Claude Code via CLAUDE_CODE_MAX_OUTPUT_TOKENS)",
+        help="tokens per model call (LangGraph, mini-swe-agent; Claude Code via CLAUDE_CODE_MAX_OUTPUT_TOKENS)",
     )
     p.add_argument("--seed", type=int, default=_D.seed)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-AGENTS = ("langgraph", "claude-code", "scripted", "gold")
+AGENTS = ("langgraph", "mini-swe-agent", "claude-code", "scripted", "gold")
 """Named agents; any other ``--agent`` value is a shell command run by the CLI tap."""
 
 
@@ -15,7 +15,7 @@ class BenchConfig:
 
     env_id: str = "Gyre/NL2Repo-v0"
     agent: str = "langgraph"
-    """``langgraph`` | ``claude-code`` | ``scripted`` (gold solutions, or ``script``) |
+    """``langgraph`` | ``mini-swe-agent`` | ``claude-code`` | ``scripted`` (gold solutions, or ``script``) |
     ``gold`` | any shell command (run in the sandbox by the CLI tap)."""
     tasks: str = "micro"
     """``all``, tier names (``micro,small``), task ids, or a mix, comma-separated."""
@@ -43,9 +43,11 @@ class BenchConfig:
     """Per-episode limit; None: each task's own wall-clock limit."""
     max_retries: int = 2
     max_steps: int | None = None
-    """Agent step budget (LangGraph); None: the agent's default."""
+    """Agent step budget (LangGraph: tool calls; mini-swe-agent: model calls); None: the
+    agent's default."""
     max_new_tokens: int = 256
-    """Completion tokens per model call (LangGraph; Claude Code: its output limit)."""
+    """Completion tokens per model call (LangGraph, mini-swe-agent; Claude Code: its output
+    limit)."""
     seed: int = 0
     progress: bool = True
     """tqdm progress bar on stderr."""

@@ -69,6 +69,11 @@ def make_agent(cfg: BenchConfig):
         if cfg.max_steps:
             lg.max_steps = cfg.max_steps
         return agents.LangGraphAgent(lg)
+    if cfg.agent == "mini-swe-agent":
+        msa = agents.MiniSweAgentConfig(max_new_tokens=cfg.max_new_tokens)
+        if cfg.max_steps:
+            msa.max_steps = cfg.max_steps
+        return agents.MiniSweAgent(msa)
     if cfg.agent == "gold" or (cfg.agent == "scripted" and not cfg.script):
         return agents.GoldAgent()
     if cfg.agent == "scripted":

@@ -192,9 +192,19 @@ class AlgorithmConfig:
         return {"loss": loss_class(), "optim": optim_class("torch")}
 
 
+ROLLOUT_AGENTS = ("langgraph", "mini-swe-agent")
+"""Agents that play training episodes (``rollout.agent``)."""
+
+
 @dataclass(kw_only=True)
 class RolloutConfig:
     """How episodes are collected."""
+
+    agent: str = "langgraph"
+    """Who plays the episodes: ``langgraph`` (``gyre_env.agents.LangGraphAgent``) or
+    ``mini-swe-agent`` (``gyre_env.agents.MiniSweAgent``; ``pip install
+    'gyre-env[mini-swe-agent]'``). Both call the policy through the proxy, so their
+    calls train alike."""
 
     group_size: int = 8
     """G: attempts per task per iteration (one GRPO group)."""
@@ -417,6 +427,23 @@ class TrainConfig:
                     "tasks.env_kwargs.sandbox_backend='local'"
                 )
 
+    def _check_agent_tools(self) -> None:
+        """mini-swe-agent acts only through a ``bash`` tool: refuse an env that has none
+        (``tasks.env_kwargs.tools``, else the env id's registered default)."""
+        if self.rollout.agent != "mini-swe-agent":
+            return
+        import gymnasium as gym
+
+        import gyre_env  # noqa: F401  (registers the Gyre env ids)
+
+        spec = gym.registry.get(self.tasks.env_id)
+        tools = {**(spec.kwargs if spec else {}), **self.tasks.env_kwargs}.get("tools")
+        if tools is not None and "bash" not in tools:
+            raise ConfigError(
+                f"rollout.agent = 'mini-swe-agent' acts through the env's bash tool; "
+                f"{self.tasks.env_id} offers {list(tools)}: add 'bash' to tasks.env_kwargs.tools"
+            )
+
     def _env_config(self):
         """``tasks.env_kwargs`` as the NL2Repo env reads them (``NL2RepoConfig``), None for
         an env registered with another entry point."""
@@ -470,12 +497,18 @@ class TrainConfig:
                 raise ConfigError(f"{key} must be >= 0, got {value}")
         if self.rollout.temperature <= 0:
             raise ConfigError(f"rollout.temperature must be > 0, got {self.rollout.temperature}")
+        if self.rollout.agent not in ROLLOUT_AGENTS:
+            raise ConfigError(
+                f"rollout.agent must be one of {', '.join(ROLLOUT_AGENTS)}, "
+                f"got {self.rollout.agent!r}"
+            )
         if self.elastic.ray is not None and not self.elastic.enabled:
             raise ConfigError(
                 f"elastic.ray = {self.elastic.ray!r} needs elastic.enabled = true "
                 "(--ray needs --elastic)"
             )
         self._check_env_kwargs()
+        self._check_agent_tools()
         if self.rollout.group_size < 2 and self.schedule.iterations:
             raise ConfigError("rollout.group_size must be >= 2: GRPO compares attempts")
         self.loss_config()

@@ -129,12 +129,21 @@ def model_service(cfg: TrainConfig, tokenizer, store, engines, extra_sinks=()):
 
 
 def make_agent(cfg: TrainConfig, temperature: float):
-    """The LangGraph agent of the run's episodes, sampling at ``temperature``."""
-    from gyre_env.agents import LangGraphAgent, LangGraphAgentConfig
+    """The agent of the run's episodes (``rollout.agent``), sampling at ``temperature``."""
+    from gyre_env import agents
 
     r = cfg.rollout
-    return LangGraphAgent(
-        LangGraphAgentConfig(
+    if r.agent == "mini-swe-agent":
+        return agents.MiniSweAgent(
+            agents.MiniSweAgentConfig(
+                max_steps=r.max_steps,
+                max_new_tokens=r.max_new_tokens,
+                temperature=temperature,
+                seed=cfg.seed,
+            )
+        )
+    return agents.LangGraphAgent(
+        agents.LangGraphAgentConfig(
             max_steps=r.max_steps,
             max_new_tokens=r.max_new_tokens,
             temperature=temperature,
