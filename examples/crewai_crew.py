@@ -186,6 +186,8 @@ class CrewAgent:
         with ctx.clock.phase("agent"):
             output = crew.kickoff()
         calls = ctx.endpoint.calls.calls(ctx.endpoint.session) if ctx.endpoint.calls else []
+        # CrewAI calls the model inside its own loop: the records' durations are model time.
+        ctx.clock.reattribute("agent", "model", sum(c["seconds"] for c in calls))
         return AgentResult(
             reason=EndReason.ENV_ENDED if ctx.done else EndReason.SUBMITTED,
             message=str(output)[-2000:],

@@ -79,6 +79,7 @@ def test_scripted_crew_solves_the_task_with_env_tools(tmp_path):
     }
     assert not by_agent["engineer"] & by_agent["reviewer"], by_agent
     assert out["trees"] == 1 and set(out["sampled_roles"]) == {"main", "sub-agent"}
+    assert out["model_seconds"] > 0
 
 
 @pytest.mark.docker
@@ -167,6 +168,7 @@ def _scripted_episode(out: Path) -> None:
             for r in records
         ],
         "trees": len(trees),
+        "model_seconds": result.times["model"],
         "sampled_roles": sampled_roles,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
