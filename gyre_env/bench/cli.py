@@ -109,7 +109,9 @@ def _bench(args: argparse.Namespace) -> int:
     import json
     import logging
     import signal
+    import sys
 
+    from gyre_env._optional import MissingExtraError
     from gyre_env.bench.run import run_bench
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -121,6 +123,9 @@ def _bench(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_term)
     try:
         run = run_bench(cfg)
+    except MissingExtraError as e:  # an agent whose package is not installed
+        print(f"gyre bench: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("gyre bench: interrupted; running episodes were cancelled")
         return 130

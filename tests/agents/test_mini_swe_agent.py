@@ -41,6 +41,15 @@ def test_missing_package_names_its_install_command(monkeypatch):
         MiniSweAgent()
 
 
+def test_gyre_bench_names_the_install_when_it_is_missing(monkeypatch, capsys, tmp_path):
+    from gyre_env.bench import cli as bench_cli
+
+    monkeypatch.setitem(sys.modules, "minisweagent.agents.default", None)
+    rc = bench_cli.main(["--agent", "mini-swe-agent", "--out", str(tmp_path), "--no-progress"])
+    assert rc == 2
+    assert "pip install 'gyre-env[mini-swe-agent]'" in capsys.readouterr().err
+
+
 def test_user_config_file_templates(tmp_path):
     """A mini-swe-agent YAML's agent and model templates are used; its model name and
     environment are not (the proxy and the sandbox are the episode's)."""
