@@ -65,6 +65,24 @@ def test_user_config_file_templates(tmp_path):
     assert agent.model_settings == {"observation_template": "OUT {{output.output}}"}
 
 
+def test_its_own_mini_yaml_renders_over_the_sandbox():
+    """mini-swe-agent's packaged ``mini.yaml`` (what its users run) works as
+    ``config_file``: its templates render with the sandbox environment's variables."""
+    import minisweagent
+    from gyre_env.agents.mini_swe_agent import SandboxEnvironment
+    from jinja2 import StrictUndefined, Template
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.models.litellm_model import LitellmModel
+
+    path = minisweagent.package_dir / "config" / "mini.yaml"
+    agent = MiniSweAgent(MiniSweAgentConfig(config_file=str(path)))
+    model = LitellmModel(model_name="openai/tiny", **agent.model_settings)
+    loop = DefaultAgent(model, SandboxEnvironment(ctx=None), **agent.agent_settings)
+    variables = loop.get_template_vars(task="Build lru.py.")
+    text = Template(loop.config.instance_template, undefined=StrictUndefined).render(**variables)
+    assert "Build lru.py." in text and SUBMIT_MARKER in text and "Linux" in text
+
+
 def _policy(gold: str, tool_call_text):
     """Write the gold file with one bash command, then finish mini-swe-agent's way."""
     blob = base64.b64encode(gold.encode()).decode()
