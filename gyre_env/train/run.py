@@ -31,6 +31,7 @@ import numpy as np
 from gyre_env.config import ConfigError
 from gyre_env.train.checkpoint import (
     Cursor,
+    atomic_write,
     check_resumable,
     load_checkpoint,
     save_checkpoint,
@@ -307,6 +308,8 @@ class TrainRun:
             skip_zero_variance=cfg.algorithm.skip_zero_variance,
             rng=np.random.default_rng([cfg.seed, it]),
         )
+        if cfg.algorithm.loss.policy_loss == "decoupled" and c.minibatch < len(minibatches):
+            self.proximal(it, [u for units in minibatches for u in units])
         staleness: collections.Counter[str] = collections.Counter()
         tokens = seconds = 0.0
         while c.minibatch < len(minibatches) + cfg.gold_steps_per_iteration():
@@ -332,6 +335,30 @@ class TrainRun:
             "minibatches": len(minibatches),
             "groups_skipped": skipped,
         }
+
+    def proximal(self, it: int, units: list) -> None:
+        """Decoupled PPO's proximal policy: the logprobs of the weights this iteration's
+        updates start from, on every unit of its minibatches, computed before its first
+        update (``Trainer.set_proximal``) and kept beside the checkpoint, so that a run
+        resumed mid-iteration trains against the same proximal policy."""
+        path = self.out / "checkpoints" / "proximal.npz"
+        if self.cursor.minibatch > 0 and path.is_file():
+            with np.load(path) as saved:
+                if int(saved["iteration"]) == it and int(saved["units"]) == len(units):
+                    for i, unit in enumerate(units):
+                        unit.proximal_logprobs = saved[f"u{i}"]
+                    return
+        if self.cursor.minibatch > 0:
+            say(f"iter {it}: no saved proximal logprobs; the resumed weights stand in")
+        self.trainer.set_proximal(units)
+        arrays = {f"u{i}": u.proximal_logprobs for i, u in enumerate(units)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        def write(tmp: Path) -> None:
+            with tmp.open("wb") as f:  # a file: np.savez would append .npz to a name
+                np.savez(f, iteration=it, units=len(units), **arrays)
+
+        atomic_write(path, write)
 
     def log_iteration(self, it: int, times: dict, steps: dict, stats) -> None:
         """The ``iteration`` record (and its line on stdout when it ran rollouts)."""
