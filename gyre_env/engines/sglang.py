@@ -311,10 +311,12 @@ class SGLangEngine:
             )
         meta = out["meta_info"]
         ids, logprobs = _parse_logprobs(meta.get("output_token_logprobs") or [], self.name)
+        finish = _finish_reason(meta.get("finish_reason"))
+        self._aborted += finish == "abort"
         return GenerateResult(
             output_ids=ids,
             output_logprobs=logprobs,
-            finish_reason=_finish_reason(meta.get("finish_reason")),
+            finish_reason=finish,
             weight_version=self._version_of(meta),
             decode_s=time.perf_counter() - start,
         )
@@ -336,6 +338,7 @@ class SGLangEngine:
                     chunk, seen = self._parse_event(line, seen)
                     if chunk is not None:
                         finished = chunk.finish_reason is not None
+                        self._aborted += chunk.finish_reason == "abort"
                         yield chunk
                 if not finished:
                     raise EngineError(f"{self.name}: stream ended without a finish reason")
@@ -388,8 +391,6 @@ class SGLangEngine:
     async def pause(self) -> None:
         """Reject new requests here and pause the server's scheduler (``pause_mode``)."""
         self._paused, self._pause_implied = True, False
-        if self.config.pause_mode == "abort":
-            self._aborted += self._inflight
         await self._request("POST", "/pause_generation", {"mode": self.config.pause_mode})
 
     async def abort_inflight(self) -> int:
@@ -397,10 +398,10 @@ class SGLangEngine:
         ``mode: abort`` (each running request ends with ``finish_reason`` ``abort`` and the
         tokens it produced) and wait until their streams have ended. SGLang exports no KV,
         so the proxy's router continues each one on another replica from its token ids
-        (prompt + output so far: a re-prefill). Returns how many were aborted since the
-        last call (by this or by an ``abort``-mode ``pause``)."""
+        (prompt + output so far: a re-prefill). Returns how many of this client's requests
+        the server ended with ``abort`` since the last call (by this or by an
+        ``abort``-mode ``pause``)."""
         self._paused = True
-        self._aborted += self._inflight
         await self._request("POST", "/pause_generation", {"mode": "abort"})
         await self._drain("after an abort")
         aborted, self._aborted = self._aborted, 0
