@@ -1,6 +1,9 @@
 """A FAKE SGLang server: SGLang's native HTTP API, request and response shapes as of
-SGLang v0.5.6 (the ``sglang>=0.5.6,<0.6`` of Gyre's ``sglang`` extra; read from that
-line's ``sglang/srt/entrypoints/http_server.py`` and ``sglang/srt/managers/io_struct.py``).
+SGLang v0.5.6 (the ``sglang>=0.5.6,<0.6`` of Gyre's ``sglang`` extra), read from
+``python/sglang/srt/entrypoints/http_server.py`` and ``python/sglang/srt/managers/io_struct.py``
+of SGLang's repository: ``PauseGenerationReqInput.mode`` (``abort`` | ``retract`` |
+``in_place``, default ``abort``) is what sets 0.5.6 apart from 0.5.5, whose
+``/pause_generation`` took no body.
 
 SGLang needs a GPU and cannot run on the CI machines, so SGLangEngine and ``gyre train``
 with ``rollout.engine = "sglang"`` are tested against this stand-in. The shapes:
