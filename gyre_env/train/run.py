@@ -39,6 +39,13 @@ from gyre_env.train.checkpoint import (
 )
 from gyre_env.train.config import TrainConfig
 from gyre_env.train.rollout import RolloutStats, rollout
+from gyre_env.train.rollout_engines import (
+    attach_router,
+    engine_names,
+    preflight,
+    push_weights,
+    rollout_engines,
+)
 from gyre_env.train.setup import (
     eval_label,
     make_agent,
@@ -135,11 +142,13 @@ class TrainRun:
                 "another --out"
             )
         self.model_dir = prepare_model(cfg)
+        preflight(cfg, self.model_dir)  # SGLang servers that do not answer or differ
         self.tasks = task_pool(cfg)
         self.rng = np.random.default_rng(cfg.seed)
         self.cursor = Cursor()
         self.evals: list[dict] = []
-        self.trainer = self.service = self.engine = self.store = self.logger = None
+        self.trainer = self.service = self.store = self.logger = None
+        self.engines: list = []
 
     # ---- setup ------------------------------------------------------------------
     def open(self) -> None:
@@ -148,7 +157,6 @@ class TrainRun:
         require("torch", "gyre train")
         import torch
 
-        from gyre_env.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
         from gyre_env.train.gold import GoldSet
 
         cfg, t0 = self.cfg, time.monotonic()
@@ -168,16 +176,11 @@ class TrainRun:
         elif cfg.sft.trajectories and cfg.sft.steps:
             self.trainer.reset_optimizer(cfg.sft.lr)
         self.logger = metrics_logger(cfg, resume=self.resume)
-        self.engine = EmbeddedEngine(
-            EmbeddedEngineConfig(
-                model_path=str(self.model_dir),
-                max_batch_size=max(cfg.rollout.parallel, 1),
-                context_length=cfg.model.context_length,
-            )
-        )
-        self.service = model_service(cfg, self.tokenizer, self.store, [self.engine])
-        if self.trainer.version:
-            self.push_weights()
+        self.engines = rollout_engines(cfg, self.model_dir, engine_names(cfg))
+        self.service = model_service(cfg, self.tokenizer, self.store, self.engines)
+        attach_router(self.engines, self.service.proxy.core.router)
+        if self.trainer.version or any(e.weight_version for e in self.engines):
+            self.push_weights()  # a resumed run, or servers left at another run's weights
         self.logger.log("phase", {"phase": "setup", "seconds": time.monotonic() - t0})
 
     def episodes(self, tasks, *, group_size, run, temperature, desc, group=None) -> RolloutStats:
@@ -396,15 +399,14 @@ class TrainRun:
         self.tokenizer.save_pretrained(folder)
 
     def push_weights(self) -> None:
-        """The trainer's weights into the engine under the trainer's version (in-process
-        weight sync: swapped in between decode steps, versions strictly increasing)."""
-        from gyre_env.weightsync.inprocess import InProcessPublisher
-
-        if self.engine.weight_version == self.trainer.version:
-            return  # no optimizer step since the last push: the engine serves these weights
-        publisher = InProcessPublisher([self.engine])
+        """The trainer's weights into the engines under the trainer's version: swapped in
+        between decode steps (embedded), or through each SGLang server's update API in
+        ``rollout.sglang.weight_sync``'s mode (``train.rollout_engines.push_weights``)."""
+        version = self.trainer.version
+        if all(e.weight_version == version for e in self.engines):
+            return  # no optimizer step since the last push: the engines serve these weights
         named = list(self.trainer.named_parameters())
-        self.service.proxy.call(publisher.apublish(named, self.trainer.version))
+        self.service.proxy.call(push_weights(self.engines, named, version), timeout=None)
 
     # ---- the end ------------------------------------------------------------------
     def save_cursor(self) -> None:
@@ -419,6 +421,9 @@ class TrainRun:
         if self.service is not None:
             self.service.stop()
             self.service = None
+        for engine in self.engines:
+            if hasattr(engine, "attach_router"):
+                engine.close()  # a launched SGLang server stops; an attached one stays
         if self.store is not None:
             self.store.close()
         if self.logger is not None:
