@@ -219,3 +219,23 @@ def test_real_model_stream_records_chain_exactly(start_proxy, embedded, bash):
     _chain(recs)
     assert all(len(r.output_logprobs) == len(r.output_ids) > 0 for r in recs)
     assert all(r.weight_version == embedded.weight_version for r in recs)
+
+
+def test_cut_and_failed_responses(start_proxy, enc):
+    """``max_output_tokens`` reached: ``response.incomplete`` naming the reason. An engine
+    that dies mid-stream: the stream ends with ``response.failed`` carrying the error,
+    and that response is not stored for ``previous_response_id``."""
+    engine = ScriptedEngine([enc("one two three four five six seven")], chunk_size=2)
+    proxy = start_proxy([engine])
+    client = openai.OpenAI(base_url=proxy.openai_base_url("cut"), api_key="k")
+    r = client.responses.create(model="m", input="count", max_output_tokens=3)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 3 and r.output[0].status == "incomplete"
+    engine.fail_next(after_tokens=4)
+    events = list(client.responses.create(model="m", input="again", stream=True))
+    assert events[-1].type == "response.failed", [e.type for e in events]
+    failed = events[-1].response
+    assert failed.status == "failed" and "died mid-request" in failed.error.message
+    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+        client.responses.create(model="m", previous_response_id=failed.id, input="go on")
+    assert [rec.finish_reason for rec in proxy.records()] == ["length", "error"]
