@@ -95,6 +95,8 @@ class StoredResponse:
     """Its messages without instructions, then its reply (an assistant message)."""
     items: dict[str, dict]
     """Its output items by id (for ``item_reference``)."""
+    response: dict = field(default_factory=dict)
+    """The Response object (``GET /v1/responses/{id}``)."""
 
 
 class ResponseLog:
@@ -111,15 +113,18 @@ class ResponseLog:
         while len(self.entries) > self.keep:
             self.entries.popitem(last=False)
 
-    def get(self, response_id: str) -> StoredResponse:
+    def get(self, response_id: str, param: str = "previous_response_id") -> StoredResponse:
+        """The stored response ``response_id``; a 400 naming ``param`` when there is none
+        (404 when ``param`` is None: a lookup by URL)."""
         stored = self.entries.get(response_id)
         if stored is None:
+            where = f"{param}: " if param else ""
             raise RequestError(
-                f"previous_response_id: no response {response_id!r} in this session (the "
-                f"proxy keeps the last {self.keep} responses of a session, and none sent "
-                "with store=false)",
-                param="previous_response_id",
-                code="previous_response_not_found",
+                f"{where}no response {response_id!r} in this session (the proxy keeps the "
+                f"last {self.keep} responses of a session, and none sent with store=false)",
+                param=param,
+                status=400 if param else 404,
+                code="previous_response_not_found" if param else "response_not_found",
             )
         return stored
 
@@ -504,8 +509,6 @@ class ResponseWriter:
         cut = finish == "length"
         out = self._open_message() if not self.output else b""  # an empty answer: one message
         out += self._close("incomplete" if cut else "completed")
-        if self.req.store:
-            self.log.add(self.id, self.stored(text, calls))
         counts = {
             "input_tokens": usage[0],
             "input_tokens_details": {"cached_tokens": self.cached},
@@ -516,9 +519,12 @@ class ResponseWriter:
         if cut:
             details = {"reason": "max_output_tokens"}
             self.response = self._object("incomplete", counts, incomplete_details=details)
-            return out + self._event("response.incomplete", response=self.response)
-        self.response = self._object("completed", counts, completed_at=int(time.time()))
-        return out + self._event("response.completed", response=self.response)
+        else:
+            self.response = self._object("completed", counts, completed_at=int(time.time()))
+        if self.req.store:
+            self.log.add(self.id, self.stored(text, calls))
+        kind = "response.incomplete" if cut else "response.completed"
+        return out + self._event(kind, response=self.response)
 
     def error(self, err: RequestError) -> bytes:
         out = self._close("incomplete")
@@ -529,4 +535,5 @@ class ResponseWriter:
     def stored(self, text: str, calls: list[ToolCall]) -> StoredResponse:
         """This response as later calls of the session see it."""
         items = {item["id"]: item for item in self.output}
-        return StoredResponse(self.req.conversation + [reply_message(text, calls)], items)
+        conversation = self.req.conversation + [reply_message(text, calls)]
+        return StoredResponse(conversation, items, self.response)

@@ -79,6 +79,9 @@ class Routes:
             app.add_route(prefix + "/v1/chat/completions", self.openai_chat, methods=["POST"])
             app.add_route(prefix + "/v1/messages", self.anthropic_chat, methods=["POST"])
             app.add_route(prefix + "/v1/responses", self.openai_responses, methods=["POST"])
+            app.add_route(
+                prefix + "/v1/responses/{response_id}", self.stored_response, methods=["GET"]
+            )
             app.add_route(prefix + "/v1/messages/count_tokens", self.count_tokens, methods=["POST"])
             app.add_route(prefix + "/v1/models", self.models, methods=["GET"])
         app.add_route("/health", self.health, methods=["GET"])
@@ -151,6 +154,17 @@ class Routes:
 
     async def openai_responses(self, request):
         return await self.chat(request, "responses")
+
+    async def stored_response(self, request):
+        """``GET /v1/responses/{id}``: a response the session stored (404 if none)."""
+        try:
+            session = self.session(request)
+            if self.core is None:
+                raise RequestError("this proxy forwards to an upstream: it stores no responses")
+            log = self.core.sessions.get(session).responses
+            return self.json(log.get(request.path_params["response_id"], param=None).response)
+        except RequestError as err:
+            return self.error("responses", err)
 
     async def chat(self, request, api: str):
         if self.passthrough is not None:

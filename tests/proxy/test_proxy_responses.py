@@ -124,6 +124,13 @@ def test_previous_response_id_continues_the_stored_conversation(start_proxy, scr
     with pytest.raises(openai.BadRequestError) as e:  # store=False: not kept
         client.responses.create(model="m", previous_response_id=r3.id, input="more")
     assert e.value.code == "previous_response_not_found" and r3.id in e.value.message
+    got = client.responses.retrieve(r2.id)  # a stored response, as it was returned
+    assert got.id == r2.id and got.output_text == r2.output_text and got.usage == r2.usage
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r3.id)
+    other = openai.OpenAI(base_url=proxy.openai_base_url("another"), api_key="k")
+    with pytest.raises(openai.NotFoundError):  # responses belong to their session
+        other.responses.retrieve(r2.id)
 
 
 def test_item_reference_and_reasoning_items(start_proxy, scripted, bash, tok):
