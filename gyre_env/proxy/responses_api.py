@@ -44,6 +44,8 @@ from gyre_env.proxy.chat import (
 from gyre_env.proxy.openai_api import error_body  # the same error shape as Chat Completions
 from gyre_env.proxy.render import ToolCall
 
+__all__ = ["ResponseLog", "ResponseWriter", "ResponsesRequest", "error_body", "parse_request"]
+
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 _NOT_OFFERED = frozenset(
@@ -68,7 +70,6 @@ _NOT_OFFERED = frozenset(
 """Tool types that are not plain functions: hosted tools and freeform ``custom`` tools."""
 _UNSUPPORTED = ("background", "conversation", "prompt")
 """Request fields whose features this proxy does not have (a 400 when set)."""
-__all__ = ["ResponseLog", "ResponseWriter", "ResponsesRequest", "error_body", "parse_request"]
 KEEP_RESPONSES = 256
 """Stored responses per session (oldest dropped first)."""
 
@@ -80,7 +81,7 @@ class ResponsesRequest(ChatRequest):
     conversation: list[dict] = field(default_factory=list)
     """Messages without the instructions: what a later ``previous_response_id`` continues."""
     store: bool = True
-    previous_response_id: str | None = None
+    """Keep the response in the session (``previous_response_id``, ``GET``)."""
     namespaces: dict[str, str] = field(default_factory=dict)
     """Function name -> its namespace, for functions offered inside a ``namespace`` tool."""
     echo: dict = field(default_factory=dict)
@@ -113,7 +114,7 @@ class ResponseLog:
         while len(self.entries) > self.keep:
             self.entries.popitem(last=False)
 
-    def get(self, response_id: str, param: str = "previous_response_id") -> StoredResponse:
+    def get(self, response_id: str, param: str | None = "previous_response_id") -> StoredResponse:
         """The stored response ``response_id``; a 400 naming ``param`` when there is none
         (404 when ``param`` is None: a lookup by URL)."""
         stored = self.entries.get(response_id)
@@ -198,7 +199,6 @@ def parse_request(
         stream=opt_bool(body, "stream"),
         conversation=conversation,
         store=store,
-        previous_response_id=previous,
         namespaces=namespaces,
         echo=echo,
     )
@@ -230,8 +230,8 @@ class _Converter:
             return [{"role": "tool", "tool_call_id": call_id, "content": output}]
         if kind == "reasoning":
             parts = [*(item.get("summary") or []), *(item.get("content") or [])]
-            text = _text(parts, f"{where}.summary")
-            return [{"role": "assistant", "content": "", "reasoning_content": text}]
+            text = _text(parts, f"{where}.summary")  # encrypted_content: opaque, left out
+            return [{"role": "assistant", "content": "", "reasoning_content": text}] if text else []
         raise RequestError(f"{where}.type: unsupported item type {kind!r}", param=f"{where}.type")
 
 
