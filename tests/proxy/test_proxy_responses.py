@@ -54,6 +54,7 @@ def test_sdk_function_call_round_trip_with_input_items(start_proxy, scripted, ba
     assert r2.usage.input_tokens_details.cached_tokens == recs[1].prefix_len > 0
     _chain(recs)
     assert recs[1].prompt_ids == scripted.prompts[1]
+    assert proxy.core.metrics.render_mismatches == 0  # the delta render is the full render's
 
 
 def test_sdk_stream_typed_events(start_proxy, scripted, bash):
@@ -154,6 +155,7 @@ def test_item_reference_and_reasoning_items(start_proxy, scripted, bash, tok):
     assert r2.output_text == "There are 3 files."
     prompt = tok.decode(proxy.records()[1].prompt_ids)
     assert "a b c" in prompt and prompt.count('"name": "bash"') >= 2
+    assert proxy.core.metrics.render_mismatches == 0
 
 
 @pytest.mark.parametrize(
