@@ -3,8 +3,8 @@
 - ``ScriptedAgent`` / ``GoldAgent`` (``scripted``): replay tool calls; a task's gold solution.
 - ``LangGraphAgent`` (``langgraph_agent``): a LangGraph coding agent calling the policy
   through the episode's proxy session.
-- ``CliAgent`` / ``ClaudeCodeAgent`` (``cli_tap``): an existing agent CLI run inside the
-  episode's sandbox with its base URL pointed at the proxy.
+- ``CliAgent`` / ``ClaudeCodeAgent`` (``cli_tap``), ``CodexAgent`` (``codex_cli``): an
+  existing agent CLI run inside the episode's sandbox with its base URL pointed at the proxy.
 
 Every agent has ``name`` and ``run(ctx) -> AgentResult`` (``base.Agent``). Names are
 imported lazily so that importing this package pulls in no LangGraph.
@@ -34,6 +34,7 @@ _LAZY = {
     "CliAgent": "gyre_env.agents.cli_tap",
     "ClaudeCodeAgent": "gyre_env.agents.cli_tap",
     "CliAgentConfig": "gyre_env.agents.cli_tap",
+    "CodexAgent": "gyre_env.agents.codex_cli",
 }
 
 __all__ = [
