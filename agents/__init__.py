@@ -3,8 +3,8 @@
 - ``ScriptedAgent`` / ``GoldAgent`` (``scripted``): replay tool calls; a task's gold solution.
 - ``LangGraphAgent`` (``langgraph_agent``): a LangGraph coding agent calling the policy
   through the episode's proxy session.
-- ``CliAgent`` / ``ClaudeCodeAgent`` (``cli_tap``): an existing agent CLI run inside the
-  episode's sandbox with its base URL pointed at the proxy.
+- ``CliAgent`` / ``ClaudeCodeAgent`` (``cli_tap``), ``CodexAgent`` (``codex_cli``): an
+  existing agent CLI run inside the episode's sandbox with its base URL pointed at the proxy.
 - ``MiniSweAgent`` (``mini_swe_agent``): mini-swe-agent's own loop, its model at the
   episode's proxy session and its environment the episode's sandbox (the ``bash`` tool).
 
@@ -36,6 +36,7 @@ _LAZY = {
     "CliAgent": "gyre_env.agents.cli_tap",
     "ClaudeCodeAgent": "gyre_env.agents.cli_tap",
     "CliAgentConfig": "gyre_env.agents.cli_tap",
+    "CodexAgent": "gyre_env.agents.codex_cli",
     "MiniSweAgent": "gyre_env.agents.mini_swe_agent",
     "MiniSweAgentConfig": "gyre_env.agents.mini_swe_agent",
 }

@@ -278,15 +278,20 @@ class ClaudeCodeAgent(CliAgent):
         return out
 
 
-def host_claude_code_dir() -> str:
-    """The host's installed ``@anthropic-ai/claude-code`` package folder."""
+def npm_global_root() -> str:
+    """Where ``npm install -g`` puts packages on the host (``npm root -g``)."""
     root = None
     npm = shutil.which("npm")
     if npm:
         root = subprocess.run(
             [npm, "root", "-g"], capture_output=True, text=True, timeout=30
         ).stdout.strip()
-    path = os.path.join(root or "/usr/lib/node_modules", "@anthropic-ai", "claude-code")
+    return root or "/usr/lib/node_modules"
+
+
+def host_claude_code_dir() -> str:
+    """The host's installed ``@anthropic-ai/claude-code`` package folder."""
+    path = os.path.join(npm_global_root(), "@anthropic-ai", "claude-code")
     if not os.path.isfile(os.path.join(path, "bin", "claude.exe")):
         raise FileNotFoundError(
             f"Claude Code is not installed on the host (looked for {path}/bin/claude.exe); "
@@ -297,19 +302,25 @@ def host_claude_code_dir() -> str:
 
 def claude_code_image(base: str = "gyre-base:latest", tag: str | None = None) -> str:
     """A Docker image that is ``base`` plus a read-only bind of the host's Claude Code at
-    ``CLAUDE_MOUNT`` (via the ``gyre.host_mounts`` label DockerSandbox honours). Built
-    locally from ``base`` (no network); returns its tag. Run it as
+    ``CLAUDE_MOUNT`` (see :func:`host_mount_image`); returns its tag. Run it as
     ``ClaudeCodeAgent(binary=f"{CLAUDE_MOUNT}/bin/claude.exe")``."""
+    tag = tag or f"{base.split(':')[0]}-claude:latest"
+    return host_mount_image(base, host_claude_code_dir(), CLAUDE_MOUNT, tag)
+
+
+def host_mount_image(base: str, host_dir: str, mount: str, tag: str) -> str:
+    """A Docker image that is ``base`` plus a read-only bind of the host folder
+    ``host_dir`` at ``mount`` (via the ``gyre.host_mounts`` label DockerSandbox honours),
+    so an agent CLI installed on the host runs in the sandbox without a download. Built
+    locally from ``base`` (no network); returns ``tag``."""
     import io
 
     from gyre_env.sandbox.docker import MOUNTS_LABEL, docker_client
 
     client = docker_client()
-    host_dir = host_claude_code_dir()
     base_image = client.images.get(base)
     mounts = json.loads((base_image.labels or {}).get(MOUNTS_LABEL, "[]"))
-    mounts = [m for m in mounts if m[1] != CLAUDE_MOUNT] + [[host_dir, CLAUDE_MOUNT]]
-    tag = tag or f"{base.split(':')[0]}-claude:latest"
+    mounts = [m for m in mounts if m[1] != mount] + [[host_dir, mount]]
     dockerfile = f"FROM {base}\nLABEL {MOUNTS_LABEL}={json.dumps(json.dumps(mounts))}\n"
     client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True, pull=False)
     return tag

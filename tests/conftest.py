@@ -51,6 +51,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(scope="session")
+def host_cli():
+    """``host_cli(find, name)``: ``find()``, the host install of an agent CLI (it raises
+    FileNotFoundError naming the install command); missing, the test skips, or fails in CI
+    (which installs every CLI the tests use)."""
+
+    def check(find, name: str):
+        try:
+            return find()
+        except FileNotFoundError as e:
+            if in_ci():
+                pytest.fail(f"CI must install the {name}: {e}", pytrace=False)
+            pytest.skip(str(e))
+
+    return check
+
+
+@pytest.fixture(scope="session")
 def tiny_path(tmp_path_factory):
     """The built-in tiny model, built once per session into a temporary cache."""
     from gyre_env.engines.tiny import tiny_model_path

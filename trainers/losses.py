@@ -15,7 +15,9 @@ Objectives (``LossConfig.policy_loss``):
   ``-A * min(r, clip(r, 1 - eps_low, 1 + eps_high))`` (sign-aware ``min``).
   With one optimizer step per rollout batch ``r == 1`` and this is GRPO's gradient.
 - ``decoupled``: decoupled PPO (AReaL). The trust region is taken around a *proximal*
-  policy whose logprobs are recomputed at train time, ``r = pi_theta / pi_prox``; the
+  policy, the iteration's starting weights: their logprobs are recomputed once before
+  the iteration's first update (``Trainer.set_proximal``) and held fixed across its
+  minibatches, ``r = pi_theta / pi_prox``; the
   behaviour policy enters only through the importance weight ``pi_prox / pi_behav``,
   truncated at ``tis_cap`` (truncated importance sampling), which corrects stale samples
   - those sampled by older weight versions - without letting them dominate.

@@ -83,6 +83,13 @@ class Trainer(Protocol):
         (``loss``, ``grad_norm``, ``tokens``, ``tokens_per_s``, ...). Bumps ``version``."""
         ...
 
+    def set_proximal(self, units: Sequence[PackedTree]) -> None:
+        """Store on each unit (``proximal_logprobs``) its loss tokens' logprobs under the
+        current weights. Decoupled PPO's proximal policy is the iteration's starting
+        policy: a driver calls this once over all of an iteration's units before its first
+        update, and the ratio's trust region stays centred there for every minibatch."""
+        ...
+
     def reset_optimizer(self, lr: float | None = None) -> None:
         """A fresh optimizer and warm-up at ``lr`` (default ``config.lr``): e.g. between
         the SFT warm start and RL."""

@@ -1,5 +1,6 @@
 """What every training backend's optimizer step shares: the CPU thread setting around a
-step, the microbatch loop, one unit's loss from its logprobs, and the step's metrics.
+step, the microbatch loop, decoupled PPO's proximal logprobs, one unit's loss from its
+logprobs, and the step's metrics.
 
 Backends differ in their forward pass (HF model with tree attention, megatron's
 ``GPTModel``) and their optimizer; these pieces are the same for both, so a backend's
@@ -15,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from gyre_env.trainers.losses import LossConfig, LossTerms, policy_loss, sft_loss
 from gyre_env.trainers.protocol import TrainBatch
@@ -91,6 +93,35 @@ def share_batch(trainer, units, kind: str) -> TrainBatch | None:
     if trainer._offloaded:
         raise RuntimeError("the trainer is offloaded; call onload() first")
     return TrainBatch(units=list(units), kind=kind)
+
+
+def set_proximal(trainer, units, unit_logprobs: Callable) -> None:
+    """Decoupled PPO's proximal policy for one iteration (AReaL): each unit's loss-token
+    logprobs under the trainer's current weights (``unit_logprobs(unit, tensors)``),
+    stored on the unit as ``proximal_logprobs``. Called once before the iteration's
+    first update, the proximal policy is the iteration's starting policy and stays fixed
+    across its minibatches and epochs, so the ratio ``pi_theta / pi_prox`` moves away
+    from 1 as the updates go and the clip bounds each update's drift from that start."""
+    if trainer._offloaded:
+        raise RuntimeError("the trainer is offloaded; call onload() before set_proximal()")
+    with cpu_threads(trainer.device.type == "cpu", trainer.config.num_threads):
+        for unit in units:
+            unit.proximal_logprobs = None  # the arrays of this pass, not an earlier one's
+            lp = unit_logprobs(unit, unit.tensors(trainer.device))
+            full = np.zeros(len(unit), np.float32)
+            full[unit.loss_mask] = lp.float().cpu().numpy()
+            unit.proximal_logprobs = full
+
+
+def proximal_for(t: dict, current: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """A unit's proximal loss-token logprobs: those ``set_proximal`` stored, or else the
+    current weights' (``current()``). The fallback is exact only for a unit trained in a
+    single update, as in an elastic step, where the policy at the start of its update is
+    the current one; a driver that takes several minibatches from one iteration's data
+    calls ``set_proximal`` first (``train.run.TrainRun.train_steps``)."""
+    if "proximal_logprobs" in t:
+        return t["proximal_logprobs"][t["loss_mask"]]
+    return current()
 
 
 def unit_loss(

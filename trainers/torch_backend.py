@@ -28,6 +28,8 @@ from gyre_env.trainers.steps import (
     accumulate,
     cpu_threads,
     finite_step,
+    proximal_for,
+    set_proximal,
     share_batch,
     step_metrics,
     unit_loss,
@@ -246,15 +248,10 @@ class TorchTrainer:
         self, packed, t: dict, rl: bool, agg: str, normalizer: float, version: int | None = None
     ):
         cfg = self.loss
-        attn = attention_for(
-            packed,
-            device=self.device,
-            dense_max_tokens=self.config.dense_max_tokens,
-            block_size=self.config.block_size,
-        )
+        attn = self._attention(packed)
         extra = {}
         if rl and cfg.policy_loss == "decoupled":
-            extra["proximal"] = self.logprobs(t, attn)
+            extra["proximal"] = proximal_for(t, lambda: self.logprobs(t, attn))
         if rl and cfg.kl_coef > 0:
             extra["reference"] = self.logprobs(t, attn, model=self.reference)
         lp, ent = self._forward(t, attn, temperature=cfg.temperature if rl else 1.0)
@@ -262,6 +259,17 @@ class TorchTrainer:
         return unit_loss(
             t, lp, ent, extra, cfg, rl=rl, agg=agg, normalizer=normalizer, version=version
         )
+
+    def _attention(self, packed):
+        c = self.config
+        return attention_for(
+            packed, device=self.device, dense_max_tokens=c.dense_max_tokens, block_size=c.block_size
+        )
+
+    def set_proximal(self, units) -> None:
+        """Store on each unit its logprobs under the current weights: decoupled PPO's
+        proximal policy, fixed for the iteration (``steps.set_proximal``)."""
+        set_proximal(self, units, lambda u, t: self.logprobs(t, self._attention(u)))
 
     @torch.no_grad()
     def logprobs(self, t: dict, attention, *, model=None) -> torch.Tensor:

@@ -6,11 +6,21 @@
     python benchmarks/gpu/sglang_check.py --model-path /models/Qwen2.5-0.5B-Instruct
     python benchmarks/gpu/sglang_check.py --url http://127.0.0.1:30000 --model-path /models/X
 
+    # gyre train with SGLang rollouts: a launched server on a random-init model, 2 iterations
+    python benchmarks/gpu/sglang_check.py --train --out /tmp/sglang-train
+
 Checks: health and context length; generate with logprobs (greedy twice: same ids);
 logprobs against a transformers forward pass of the same folder (bf16 tolerance);
 streaming == non-streaming; pause (in place) holds a running stream and rejects new
 requests until continue; update_weights_from_disk moves the weight version (and, with
 the same folder, keeps greedy outputs); release/resume memory. Exit status 1 if any FAIL.
+``--train`` runs ``gyre train --preset cpu-demo`` with ``rollout.engine = "sglang"``:
+the run launches ``python -m sglang.launch_server`` on the built-in Qwen2 (random init,
+hidden 256, 4 layers, built locally: nothing is downloaded) on GPU 0 beside the torch
+trainer, 2 RL iterations, weights pushed after each step (``--weight-sync``, default
+``tensor`` through CUDA IPC); it checks that the run ends, that every call record was
+served by the SGLang server with ids and logprobs of equal length, and that the second
+iteration's calls carry the version pushed after the first's step.
 The CI tests run the same client against a fake of the API (tests/engines/fake_sglang.py).
 """
 
@@ -257,6 +267,61 @@ async def _start(engine: SGLangEngine) -> str:
     return f"context {engine.context_length}, weight version {engine.weight_version}"
 
 
+def train_check(args: argparse.Namespace) -> bool:
+    """``gyre train`` with SGLang rollouts on this GPU (see the module docstring)."""
+    import json
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    out = Path(args.out)
+    shutil.rmtree(out, ignore_errors=True)
+    settings = [
+        "rollout.engine='sglang'", "rollout.sglang.launch=true",
+        f"rollout.sglang.port={args.port}", f"rollout.sglang.weight_sync='{args.weight_sync}'",
+        "rollout.sglang.mem_fraction=0.4",
+        "rollout.sglang.launch_args=['--disable-cuda-graph']",
+        "sft.trajectories=0", "schedule.eval_random=false", "tasks.heldout_count=4",
+        "rollout.tasks_per_iteration=2", "rollout.group_size=4", "schedule.optimizer_steps=1",
+        "algorithm.skip_zero_variance=false",
+    ]  # fmt: skip
+    cmd = [sys.executable, "-m", "gyre_env.cli", "train", "--preset", "cpu-demo",
+           "--iterations", "2", "--out", str(out), "--no-progress"]  # fmt: skip
+    for item in settings:
+        cmd += ["--set", item]
+    checks = Checks()
+
+    async def run_train() -> str:
+        start = time.perf_counter()
+        proc = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True)
+        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n", file=sys.stderr)
+        assert proc.returncode == 0, f"gyre train exited with {proc.returncode}"
+        return f"{time.perf_counter() - start:.0f}s"
+
+    async def check_records() -> str:
+        from gyre_env.trajectory.store import TrajectoryStore
+
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        assert sum(r["kind"] == "iteration" for r in rows) == 2, "not 2 iterations"
+        with TrajectoryStore(out / "store.db", readonly=True) as store:
+            runs = {e.session: e.run for e in store.episodes()}
+            records = list(store.records(list(runs)))
+        assert records, "no call records"
+        assert {r.replica for r in records} == {"sglang0"}, {r.replica for r in records}
+        assert all(len(r.output_ids) == len(r.output_logprobs) for r in records)
+        second = {r.weight_version for r in records if runs[r.session] == "rl.0001.r0"}
+        assert second == {1}, f"iteration 1 served by versions {second}"
+        return f"{len(records)} records, versions {sorted({r.weight_version for r in records})}"
+
+    async def both() -> None:
+        await checks.run("gyre_train_sglang", run_train)
+        if not checks.failed:
+            await checks.run("records_and_versions", check_records)
+
+    asyncio.run(both())
+    return not checks.failed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=None, help="attach to this server instead of launching")
@@ -271,8 +336,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--launch-args", nargs=argparse.REMAINDER, default=[], help="extra server flags (last)"
     )
+    parser.add_argument("--train", action="store_true", help="gyre train on SGLang instead")
+    parser.add_argument("--out", default="/tmp/gyre-sglang-train", help="--train: run folder")
+    parser.add_argument(
+        "--weight-sync", default="tensor", choices=("tensor", "distributed", "disk"),
+        help="--train: rollout.sglang.weight_sync",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    ok = asyncio.run(run_checks(args))
+    ok = train_check(args) if args.train else asyncio.run(run_checks(args))
     print("ALL PASSED" if ok else "SOME CHECKS FAILED", flush=True)
     return 0 if ok else 1
 

@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--agent",
         default=_D.agent,
-        help="langgraph | mini-swe-agent | claude-code | scripted (gold solutions, or --script) | gold | "
+        help="langgraph | mini-swe-agent | claude-code | codex | scripted (gold solutions, or --script) | gold | "
         "'<shell command>' run in the sandbox with its base URL set",
     )
     p.add_argument(
@@ -125,6 +125,9 @@ def _bench(args: argparse.Namespace) -> int:
         run = run_bench(cfg)
     except MissingExtraError as e:  # an agent whose package is not installed
         print(f"gyre bench: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:  # an agent CLI that is not installed: says how
+        print(f"gyre bench: {e}")
         return 2
     except KeyboardInterrupt:
         print("gyre bench: interrupted; running episodes were cancelled")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-AGENTS = ("langgraph", "mini-swe-agent", "claude-code", "scripted", "gold")
+AGENTS = ("langgraph", "mini-swe-agent", "claude-code", "codex", "scripted", "gold")
 """Named agents; any other ``--agent`` value is a shell command run by the CLI tap."""
 
 
@@ -15,7 +15,7 @@ class BenchConfig:
 
     env_id: str = "Gyre/NL2Repo-v0"
     agent: str = "langgraph"
-    """``langgraph`` | ``mini-swe-agent`` | ``claude-code`` | ``scripted`` (gold solutions, or ``script``) |
+    """``langgraph`` | ``mini-swe-agent`` | ``claude-code`` | ``codex`` | ``scripted`` (gold solutions, or ``script``) |
     ``gold`` | any shell command (run in the sandbox by the CLI tap)."""
     tasks: str = "micro"
     """``all``, tier names (``micro,small``), task ids, or a mix, comma-separated."""

@@ -87,6 +87,16 @@ def make_agent(cfg: BenchConfig):
         return agents.ClaudeCodeAgent(
             binary=f"{CLAUDE_MOUNT}/bin/claude.exe", max_output_tokens=cfg.max_new_tokens
         )
+    if cfg.agent == "codex":
+        from gyre_env.agents.codex_cli import CODEX_MOUNT, host_codex_dir
+
+        if cfg.base_url:
+            raise ValueError(
+                "--agent codex speaks the Responses API, which the proxy serves from its own "
+                "engine only (the passthrough forwards chat calls): drop --base-url"
+            )
+        host_codex_dir()  # not installed: FileNotFoundError with the install command
+        return agents.CodexAgent(binary=f"{CODEX_MOUNT}/bin/codex")
     return agents.CliAgent(agents.CliAgentConfig(command=cfg.agent, name="cli"))
 
 
@@ -222,7 +232,7 @@ def _result_sink(out: Path, store, run: str):
 
 def episode_env_kwargs(cfg: BenchConfig, agent, service, tasks) -> dict:
     """``gym.make`` kwargs: the user's, plus, for CLI agents, the proxy route into their
-    sandbox and (Claude Code) tasks whose image mounts the host's Claude Code."""
+    sandbox and (Claude Code, Codex) tasks whose image mounts the host's CLI."""
     kwargs = dict(cfg.env_kwargs)
     if service is None or not _is_cli(agent):
         return kwargs
@@ -232,9 +242,21 @@ def episode_env_kwargs(cfg: BenchConfig, agent, service, tasks) -> dict:
     sandbox["proxy_socket"] = service.route_socket
     sandbox["proxy_port"] = service.config.sandbox_port
     kwargs["sandbox"] = sandbox
-    if agent.name == "claude-code":
-        from gyre_env.agents.cli_tap import claude_code_image
-
-        images = {t.image: claude_code_image(base=t.image) for t in tasks}
+    image_of = _cli_image(agent.name)
+    if image_of is not None:
+        images = {t.image: image_of(t.image) for t in tasks}
         kwargs["tasks"] = [dataclasses.replace(t, image=images[t.image]) for t in tasks]
     return kwargs
+
+
+def _cli_image(agent_name: str):
+    """``base image -> image with the host's CLI mounted`` for the named CLI agents."""
+    if agent_name == "claude-code":
+        from gyre_env.agents.cli_tap import claude_code_image
+
+        return claude_code_image
+    if agent_name == "codex":
+        from gyre_env.agents.codex_cli import codex_image
+
+        return codex_image
+    return None

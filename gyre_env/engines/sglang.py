@@ -84,6 +84,11 @@ class SGLangEngineConfig:
     """Sent as a bearer token when the server was launched with ``--api-key``."""
     drain_timeout_s: float = 600.0
     """How long ``release_memory`` waits for this client's running requests."""
+    max_batch_size: int = 16
+    """Concurrent requests this server is counted for (its capacity to a scheduler); the
+    server's own limit is its ``--max-running-requests``."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of a launched server, e.g. ``{"CUDA_VISIBLE_DEVICES": "2,3"}``."""
 
 
 @dataclass(kw_only=True)
@@ -132,6 +137,7 @@ class SGLangEngine:
         self._pause_implied = False
         self._released = False
         self._inflight = 0
+        self._aborted = 0
         self._process: subprocess.Popen | None = None
         self._log_path: Path | None = None
         self._client_cache: tuple[object, object] | None = None  # (event loop, AsyncClient)
@@ -159,9 +165,10 @@ class SGLangEngine:
         cmd += ["--host", cfg.host, "--port", str(cfg.port), *cfg.launch_args]
         fd, log = tempfile.mkstemp(prefix=f"gyre-{self.name}-", suffix=".log")
         self._log_path = Path(log)
+        env = {**os.environ, **cfg.env} if cfg.env else None
         with os.fdopen(fd, "wb") as out:
             self._process = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
             )
 
     async def _wait_healthy(self, timeout_s: float) -> None:
@@ -304,10 +311,12 @@ class SGLangEngine:
             )
         meta = out["meta_info"]
         ids, logprobs = _parse_logprobs(meta.get("output_token_logprobs") or [], self.name)
+        finish = _finish_reason(meta.get("finish_reason"))
+        self._aborted += finish == "abort"
         return GenerateResult(
             output_ids=ids,
             output_logprobs=logprobs,
-            finish_reason=_finish_reason(meta.get("finish_reason")),
+            finish_reason=finish,
             weight_version=self._version_of(meta),
             decode_s=time.perf_counter() - start,
         )
@@ -329,6 +338,7 @@ class SGLangEngine:
                     chunk, seen = self._parse_event(line, seen)
                     if chunk is not None:
                         finished = chunk.finish_reason is not None
+                        self._aborted += chunk.finish_reason == "abort"
                         yield chunk
                 if not finished:
                     raise EngineError(f"{self.name}: stream ended without a finish reason")
@@ -383,6 +393,35 @@ class SGLangEngine:
         self._paused, self._pause_implied = True, False
         await self._request("POST", "/pause_generation", {"mode": self.config.pause_mode})
 
+    async def abort_inflight(self) -> int:
+        """Hand this client's running requests back to their callers: pause the server with
+        ``mode: abort`` (each running request ends with ``finish_reason`` ``abort`` and the
+        tokens it produced) and wait until their streams have ended. SGLang exports no KV,
+        so the proxy's router continues each one on another replica from its token ids
+        (prompt + output so far: a re-prefill). Returns how many of this client's requests
+        the server ended with ``abort`` since the last call (by this or by an
+        ``abort``-mode ``pause``)."""
+        self._paused = True
+        await self._request("POST", "/pause_generation", {"mode": "abort"})
+        await self._drain("after an abort")
+        aborted, self._aborted = self._aborted, 0
+        return aborted
+
+    async def _drain(self, what: str) -> None:
+        """Wait up to ``drain_timeout_s`` for this client's running requests to end."""
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self._inflight:
+            raise EngineError(f"{self.name}: {self._inflight} requests still running {what}")
+
+    async def model_info(self) -> dict:
+        """The server's ``/get_model_info`` (``model_path``, ``weight_version``, ...)."""
+        out = await self._request("GET", "/get_model_info")
+        if not isinstance(out, dict):
+            raise EngineError(f"{self.name}: /get_model_info returned {str(out)[:200]!r}")
+        return out
+
     async def resume(self) -> None:
         if self._released:
             raise EngineError(f"{self.name}: memory is released; call resume_memory() first")
@@ -395,13 +434,7 @@ class SGLangEngine:
             return
         if not self._paused:
             self._paused, self._pause_implied = True, True
-        deadline = time.monotonic() + self.config.drain_timeout_s
-        while self._inflight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if self._inflight:
-            raise EngineError(
-                f"{self.name}: {self._inflight} requests still running after drain timeout"
-            )
+        await self._drain("after drain timeout")
         await self._request("POST", "/release_memory_occupation", {"tags": None})
         self._released = True
 

@@ -1,4 +1,5 @@
-"""The model proxy: OpenAI and Anthropic APIs over token-level engines, with TITO records.
+"""The model proxy: OpenAI (Chat Completions, Responses) and Anthropic APIs over token-level
+engines, with TITO records.
 
 Start one in-process and give each episode its own base URL::
 

@@ -30,7 +30,7 @@ class ChatRequest:
     """A chat call in internal form (see :mod:`gyre_env.proxy.render` for messages)."""
 
     api: str
-    """``openai`` or ``anthropic``: decides the response shape."""
+    """``openai``, ``anthropic`` or ``responses``: decides the response shape."""
     model: str
     messages: list[dict]
     tools: list[dict] | None = None

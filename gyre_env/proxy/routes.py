@@ -14,7 +14,7 @@ import logging
 import re
 
 from gyre_env._optional import require
-from gyre_env.proxy import anthropic_api, openai_api
+from gyre_env.proxy import anthropic_api, openai_api, responses_api
 from gyre_env.proxy.auth import SessionKeys, authorize, check_operator
 from gyre_env.proxy.bodies import BodyMemo
 from gyre_env.proxy.chat import RequestError
@@ -25,7 +25,7 @@ from gyre_env.proxy.router import PING
 
 log = logging.getLogger(__name__)
 _SESSION_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
-_APIS = {"openai": openai_api, "anthropic": anthropic_api}
+_APIS = {"openai": openai_api, "anthropic": anthropic_api, "responses": responses_api}
 _PROMETHEUS = "text/plain; version=0.0.4"
 
 try:  # orjson parses large bodies several times faster; the stdlib is the fallback
@@ -78,6 +78,10 @@ class Routes:
         for prefix in ("", "/s/{session}"):
             app.add_route(prefix + "/v1/chat/completions", self.openai_chat, methods=["POST"])
             app.add_route(prefix + "/v1/messages", self.anthropic_chat, methods=["POST"])
+            app.add_route(prefix + "/v1/responses", self.openai_responses, methods=["POST"])
+            app.add_route(
+                prefix + "/v1/responses/{response_id}", self.stored_response, methods=["GET"]
+            )
             app.add_route(prefix + "/v1/messages/count_tokens", self.count_tokens, methods=["POST"])
             app.add_route(prefix + "/v1/models", self.models, methods=["GET"])
         app.add_route("/health", self.health, methods=["GET"])
@@ -148,6 +152,20 @@ class Routes:
     async def anthropic_chat(self, request):
         return await self.chat(request, "anthropic")
 
+    async def openai_responses(self, request):
+        return await self.chat(request, "responses")
+
+    async def stored_response(self, request):
+        """``GET /v1/responses/{id}``: a response the session stored (404 if none)."""
+        try:
+            session = self.session(request)
+            if self.core is None:
+                raise RequestError("this proxy forwards to an upstream: it stores no responses")
+            log = self.core.sessions.get(session).responses
+            return self.json(log.get(request.path_params["response_id"], param=None).response)
+        except RequestError as err:
+            return self.error("responses", err)
+
     async def chat(self, request, api: str):
         if self.passthrough is not None:
             return await self.forward(request, api)
@@ -156,7 +174,11 @@ class Routes:
             state = self.core.sessions.get(session)
             again = state.calls > 0  # memos pay off from a session's second call on
             body = await self.read_json(request, state.body_memo(api) if again else None)
-            req = _APIS[api].parse_request(body, state.memo(api) if again else None)
+            memo = state.memo(api) if again else None
+            if api == "responses":  # may continue the session's stored responses
+                req = responses_api.parse_request(body, state.responses, memo)
+            else:
+                req = _APIS[api].parse_request(body, memo)
             prep = await self.core.prepare(req, session, dict(request.headers))
         except RequestError as err:
             return self.error(api, err)
@@ -185,6 +207,11 @@ class Routes:
     async def forward(self, request, api: str):
         try:
             session = self.session(request)
+            if api == "responses":
+                raise RequestError(
+                    "the Responses API needs the proxy's own engine: this proxy forwards "
+                    f"calls to a {self.passthrough.upstream.api} upstream (use its API)"
+                )
             body = await self.read_json(request)
             req = _APIS[api].parse_request(body)
             status, result = await self.passthrough.forward(
@@ -274,6 +301,15 @@ class Routes:
 
 
 async def _complete(core: ProxyCore, prep, api: str) -> dict:
+    if api == "responses":  # the stream's writer builds the Response object
+        writer = _writer(prep, api)
+        async with contextlib.aclosing(core.events(prep)) as events:
+            async for ev in events:
+                if ev is not PING and ev is not FLUSH:
+                    _sse_event(writer, api, ev)
+        if not writer.response:
+            raise RequestError("generation ended without a result", status=500)
+        return writer.response
     pieces: list[str | ToolCall] = []
     async with contextlib.aclosing(core.events(prep)) as events:
         async for ev in events:
@@ -305,9 +341,8 @@ async def _then(first: bytes, rest):
 async def _sse(core: ProxyCore, prep, api: str, end: _End):
     """The call's SSE bytes: the events of one engine chunk (and the opening events before
     the first) go out in one write, a ping or the end at once."""
-    req = prep.req
-    writer = openai_api.ChunkWriter(req) if api == "openai" else anthropic_api.EventWriter(req)
-    out = writer.start() if api == "openai" else writer.start(len(prep.plan.prompt_ids))
+    writer = _writer(prep, api)
+    out = writer.start(len(prep.plan.prompt_ids)) if api == "anthropic" else writer.start()
     try:
         async with contextlib.aclosing(core.events(prep)) as events:
             async for ev in events:
@@ -327,6 +362,14 @@ async def _sse(core: ProxyCore, prep, api: str, end: _End):
         yield out
 
 
+def _writer(prep, api: str):
+    if api == "openai":
+        return openai_api.ChunkWriter(prep.req)
+    if api == "anthropic":
+        return anthropic_api.EventWriter(prep.req)
+    return responses_api.ResponseWriter(prep.req, prep.session.responses, prep.plan.prefix_len)
+
+
 def _sse_event(writer, api: str, ev) -> bytes:
     if ev is PING:
         return writer.ping()
@@ -337,4 +380,6 @@ def _sse_event(writer, api: str, ev) -> bytes:
     usage = (ev.prompt_tokens, ev.output_tokens)
     if api == "openai":
         return writer.finish(openai_api.finish_reason(ev.finish, ev.tool_calls), usage)
+    if api == "responses":
+        return writer.finish(ev.finish, usage, ev.text, ev.tool_calls)
     return writer.finish(ev.finish, ev.stop_sequence, usage)

@@ -1,9 +1,11 @@
 """The proxy's HTTP server (FastAPI on uvicorn) and an in-process handle to run it.
 
 Routes, each also under ``/s/<session>`` (the session of an episode, chosen by base URL):
-``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic, ``?beta=true``
-accepted), ``POST /v1/messages/count_tokens``, ``GET /v1/models``; and ``GET /health``,
-``GET /metrics`` (Prometheus text), ``DELETE /s/<session>`` (forget a finished episode).
+``POST /v1/chat/completions`` (OpenAI), ``POST /v1/responses`` and
+``GET /v1/responses/{id}`` (OpenAI Responses), ``POST /v1/messages`` (Anthropic,
+``?beta=true`` accepted), ``POST /v1/messages/count_tokens``, ``GET /v1/models``; and
+``GET /health``, ``GET /metrics`` (Prometheus text), ``DELETE /s/<session>`` (forget a
+finished episode).
 
 Without a path prefix the session is the API key (``Authorization: Bearer`` or
 ``x-api-key``) when ``sessions_by_api_key`` is on, else ``default``. With ``auth_token``

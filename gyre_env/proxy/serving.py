@@ -99,7 +99,7 @@ class RecordTap:
             sink.close()
 
 
-_MODEL_CALL = re.compile(r"^/s/([^/]+)/v1/(chat/completions|messages)$")
+_MODEL_CALL = re.compile(r"^/s/([^/]+)/v1/(chat/completions|messages|responses)$")
 
 
 class InflightCounter:

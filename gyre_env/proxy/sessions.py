@@ -24,6 +24,7 @@ from operator import is_
 from gyre_env.proxy.bodies import BodyMemo
 from gyre_env.proxy.chat import ConversionMemo, RequestError
 from gyre_env.proxy.render import ChatRenderer, reply_key
+from gyre_env.proxy.responses_api import ResponseLog
 from gyre_env.trajectory.records import BranchRole
 
 COMPACTION_MARKER = "CRITICAL: Respond with TEXT ONLY"
@@ -259,6 +260,8 @@ class Session:
     memos: dict = field(default_factory=dict)
     """API name -> :class:`ConversionMemo`, ``("body", api)`` -> :class:`BodyMemo`, of the
     session's last request."""
+    responses: ResponseLog = field(default_factory=ResponseLog)
+    """The session's stored Responses-API responses (``previous_response_id``)."""
     last_keys: list = field(default_factory=list)
     """(messages, keys, chain, tools) of the last two requests matched, most recent first,
     to reuse the keys and chain of messages that are the very same objects (see
@@ -517,6 +520,7 @@ class SessionStore:
             session.by_prompt.clear()
             session.memos.clear()
             session.last_keys.clear()
+            session.responses.entries.clear()
         return True
 
     def live(self) -> int:

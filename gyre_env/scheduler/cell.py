@@ -6,7 +6,9 @@ computes gradients in TRAINING (its trainer; the core cell also owns the optimiz
 
 ROLLOUT -> TRAINING: ``stop_admitting`` (the router stops routing to it) -> ``migrate``
 (its in-flight requests move to the cells still serving, with their KV, or re-prefilled
-there; with no cell left they finish here first) -> ``release`` (engine weights and KV
+there; with no cell left they finish here first; an SGLang engine exports no KV: its
+requests are aborted on the server and the router re-prefills each elsewhere from its
+token ids) -> ``release`` (engine weights and KV
 freed) -> ``onload`` (trainer memory back).
 
 TRAINING -> ROLLOUT: ``offload`` (trainer memory freed) -> ``resume`` (engine weights
@@ -253,6 +255,15 @@ class Cell:
             await self.engine.pause()
 
     async def _migrate(self, targets: list) -> MigrationReport:
+        if not hasattr(self.engine, "export_inflight"):
+            # An engine that cannot export KV (SGLang): its running requests are aborted
+            # on the server and the router continues each on ``targets`` from its token ids.
+            t0 = time.monotonic()
+            moved = await self.engine.abort_inflight()
+            return MigrationReport(
+                requests=moved, reprefilled=moved, export_s=time.monotonic() - t0,
+                transport="re-prefill from token ids (no KV export)",
+            )  # fmt: skip
         report = await migrate(
             self.engine,
             targets,

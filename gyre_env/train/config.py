@@ -194,6 +194,67 @@ class AlgorithmConfig:
 
 ROLLOUT_AGENTS = ("langgraph", "mini-swe-agent")
 """Agents that play training episodes (``rollout.agent``)."""
+ROLLOUT_ENGINES = ("embedded", "sglang")
+WEIGHT_SYNC_MODES = ("tensor", "distributed", "disk")
+
+
+@dataclass(kw_only=True)
+class SGLangRolloutConfig:
+    """``[rollout.sglang]``: the SGLang servers that serve the rollouts when
+    ``rollout.engine = "sglang"`` (one per cell with ``--elastic``). Give ``urls`` to
+    attach to running servers, or ``launch = true`` to start ``python -m
+    sglang.launch_server`` on this node (cell ``i`` on GPUs ``i*tp_size ..
+    (i+1)*tp_size-1``, port ``port + i``)."""
+
+    urls: list[str] = field(default_factory=list)
+    """Running servers (``http://host:port``): the synchronous loop routes over all of
+    them; ``--elastic --cells N`` takes one per cell (N of them)."""
+    launch: bool = False
+    """Start the servers here (needs ``pip install 'gyre-env[sglang]'`` and CUDA)."""
+    launch_args: list[str] = field(default_factory=list)
+    """Extra flags of a launched server, e.g. ``["--attention-backend", "fa3"]``."""
+    port: int = 30000
+    """Port of the first launched server (cell ``i``: ``port + i``)."""
+    mem_fraction: float = 0.5
+    """A launched server's ``--mem-fraction-static``: its share of the GPU's memory for
+    weights and KV cache (the trainer uses the rest when they share the GPU)."""
+    tp_size: int = 1
+    """A launched server's ``--tp-size`` (GPUs per server); also the number of payloads
+    a ``tensor`` weight push sends."""
+    weight_sync: str = "tensor"
+    """How each optimizer step's weights reach the servers: ``tensor`` (same host, CUDA IPC
+    handles through ``/update_weights_from_tensor``), ``distributed`` (an NCCL group per
+    server, ``/update_weights_from_distributed``) or ``disk`` (a safetensors folder per
+    version under ``OUT/sglang-weights``, ``/update_weights_from_disk``; the servers must
+    read that path)."""
+    sync_backend: str = "nccl"
+    """``distributed``: the group's backend (``gloo`` moves CPU tensors)."""
+    master_address: str = "127.0.0.1"
+    """``distributed``: where this process serves the groups' stores (server ``i`` joins
+    port ``master_port + i``); must be reachable from the servers."""
+    master_port: int = 29670
+    sync_timeout_s: float = 600.0
+    """Deadline of one server's weight update; past it the server is excluded from routing
+    until a full resync succeeds."""
+    launch_timeout_s: float = 900.0
+    """How long a launched server may take to answer ``/health``."""
+    api_key: str | None = None
+    """Bearer token of servers started with ``--api-key``."""
+
+    def __post_init__(self) -> None:
+        if self.weight_sync not in WEIGHT_SYNC_MODES:
+            raise ValueError(
+                f"weight_sync must be one of {WEIGHT_SYNC_MODES}, got {self.weight_sync!r}"
+            )
+        if not 0 < self.mem_fraction < 1:
+            raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        if self.sync_backend not in ("nccl", "gloo"):
+            raise ValueError(f"sync_backend must be 'nccl' or 'gloo', got {self.sync_backend!r}")
+        for url in self.urls:
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ValueError(f"urls: {url!r} is not an http(s):// URL")
 
 
 @dataclass(kw_only=True)
@@ -205,6 +266,12 @@ class RolloutConfig:
     ``mini-swe-agent`` (``gyre_env.agents.MiniSweAgent``; ``pip install
     'gyre-env[mini-swe-agent]'``). Both call the policy through the proxy, so their
     calls train alike."""
+    engine: str = "embedded"
+    """What serves the rollouts: ``embedded`` (transformers in this process: the CPU
+    default, and the engine that exports KV for migration) or ``sglang`` (SGLang servers,
+    ``[rollout.sglang]``: the GPU engine)."""
+    sglang: SGLangRolloutConfig = field(default_factory=SGLangRolloutConfig)
+    """The SGLang servers (``rollout.engine = "sglang"`` only)."""
 
     group_size: int = 8
     """G: attempts per task per iteration (one GRPO group)."""
@@ -360,6 +427,37 @@ class TrainConfig:
             )
         return dataclasses.replace(self.algorithm.optim)
 
+    def _check_rollout_engine(self) -> None:
+        """``rollout.engine`` and its ``[rollout.sglang]`` table, without I/O (the servers
+        themselves are checked by ``train.engines.preflight`` before any work)."""
+        r = self.rollout
+        if r.engine not in ROLLOUT_ENGINES:
+            raise ConfigError(f"rollout.engine must be one of {ROLLOUT_ENGINES}, got {r.engine!r}")
+        s = r.sglang
+        if r.engine != "sglang":
+            if s != SGLangRolloutConfig():
+                raise ConfigError(
+                    "rollout.sglang is set but rollout.engine is "
+                    f"{r.engine!r}: set rollout.engine = 'sglang' to use it"
+                )
+            return
+        if bool(s.urls) == s.launch:
+            raise ConfigError(
+                "rollout.sglang: give urls (attach to running servers) or launch = true "
+                "(start them here), one of the two"
+                + (f"; got urls {s.urls} and launch = true" if s.launch else "")
+            )
+        if self.elastic.enabled and s.urls and len(s.urls) != self.elastic.cells:
+            raise ConfigError(
+                f"rollout.sglang.urls: {len(s.urls)} servers for {self.elastic.cells} elastic "
+                "cells; give one server per cell"
+            )
+        if self.elastic.enabled and self.elastic.ray is not None:
+            raise ConfigError(
+                "rollout.engine = 'sglang' with elastic.ray (--ray): SGLang cells run with "
+                "their trainers in the gyre train process for now; leave out --ray"
+            )
+
     def _check_env_kwargs(self) -> None:
         """``tasks.env_kwargs`` checked against the NL2Repo env's options (a custom env,
         registered with another entry point, checks its own when it is made)."""
@@ -507,6 +605,7 @@ class TrainConfig:
                 f"elastic.ray = {self.elastic.ray!r} needs elastic.enabled = true "
                 "(--ray needs --elastic)"
             )
+        self._check_rollout_engine()
         self._check_env_kwargs()
         self._check_agent_tools()
         if self.rollout.group_size < 2 and self.schedule.iterations:

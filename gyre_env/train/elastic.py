@@ -41,6 +41,7 @@ from gyre_env.train.checkpoint import ELASTIC_CHECKPOINT, load_elastic, save_ela
 from gyre_env.train.config import TrainConfig
 from gyre_env.train.loop import train
 from gyre_env.train.rollout import rollout
+from gyre_env.train.rollout_engines import attach_router, preflight, rollout_engines
 from gyre_env.train.run import evaluate_heldout, sigterm_as_ctrl_c
 from gyre_env.train.setup import (
     make_agent,
@@ -178,6 +179,7 @@ def _train_elastic(cfg: TrainConfig, cells: int, ray: str | None, *, resume: boo
     _check_out(cfg.out_dir, resume)
     if resume:
         _check_unfinished(cfg)
+    preflight(cfg, prepare_model(cfg), cells=cells)  # SGLang servers, before any work
     devices = _connect_ray(ray, cells) if ray is not None else None
     out = cfg.out_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -273,9 +275,15 @@ def _cells(cfg: TrainConfig, cells: int, devices, model_dir, tokenizer, store, c
     def service(engines):
         return model_service(cfg, tokenizer, store, engines, extra_sinks=(clock,))
 
+    engines = None
+    if cfg.rollout.engine != "embedded":  # one server per cell (train.rollout_engines)
+
+        def engines(configs):
+            return rollout_engines(cfg, model_dir, [c["name"] for c in configs])
+
     if devices is None:
         return LocalCells(
-            model_dir, tokenizer, config, service_factory=service,
+            model_dir, tokenizer, config, service_factory=service, engine_factory=engines,
             trainer_factory=lambda d: with_reference(make_trainer(cfg, d)),
         )  # fmt: skip
     import ray as ray_module
@@ -304,6 +312,7 @@ def _run_phase(cfg, pool, store, rl_tasks, clock, agent, logger, saved, resume: 
 
     out, r, sched = cfg.out_dir, cfg.rollout, cfg.schedule
     pool.open()
+    attach_router([c.engine for c in pool.cells], pool.proxy.core.router)
     workload = EpisodeWorkload(cfg, pool.service, store, rl_tasks, agent)
     start = _restore(pool, workload, saved, out / "store.db") if saved is not None else None
     if start is None and resume:  # stopped before its first checkpoint: start over,

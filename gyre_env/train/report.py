@@ -108,12 +108,31 @@ def _seconds(value: float | None) -> str:
     return f"{value / 60:.1f} min" if value < 7200 else f"{value / 3600:.2f} h"
 
 
+def phase_totals(by_kind: dict[str, Rows]) -> dict[str, float]:
+    """Seconds per phase, every phase counted once: the ``phase`` records (setup, gold
+    recording, SFT), the RL iterations' rollout / train / sync times, and the evals."""
+    totals: dict[str, float] = {}
+
+    def add(name: str, seconds: float | None) -> None:
+        if seconds is not None:
+            totals[name] = totals.get(name, 0.0) + seconds
+
+    for r in by_kind.get("phase", []):
+        add(str(r.get("phase")), num(r, "seconds"))
+    for r in by_kind.get("iteration", []):
+        for key, label in TIME_PARTS:
+            add(f"rl {label}", num(r, key))
+    for r in by_kind.get("eval", []):
+        add("eval", num(r, "time_eval"))
+    return totals
+
+
 def wall_time(by_kind: dict[str, Rows]) -> tuple[float | None, str]:
-    """Total wall time: the sum of phase times, else the span of the record timestamps."""
-    phases = [num(r, "seconds") for r in by_kind.get("phase", [])]
-    phases = [s for s in phases if s is not None]
-    if phases:
-        return sum(phases), "sum of phases"
+    """Total time: the sum over every phase (``phase_totals``), else the span of the
+    record timestamps."""
+    totals = phase_totals(by_kind)
+    if totals:
+        return sum(totals.values()), "sum of phases, RL iterations and evals included"
     stamps = [num(r, "time") for rows in by_kind.values() for r in rows]
     stamps = [t for t in stamps if t is not None]
     if len(stamps) >= 2:
@@ -287,11 +306,7 @@ def plot_time(by_kind: dict[str, Rows], plt) -> str | None:
     """Stacked rollout/train/sync seconds per iteration, and the wall time of each phase."""
     rows = [r for r in by_kind.get("iteration", []) if num(r, "iteration") is not None]
     rows = [r for r in rows if any(num(r, k) is not None for k, _ in TIME_PARTS)]
-    totals: dict[str, float] = {}
-    for r in by_kind.get("phase", []):
-        if num(r, "seconds") is not None:
-            name = str(r.get("phase"))
-            totals[name] = totals.get(name, 0.0) + num(r, "seconds")
+    totals = phase_totals(by_kind)
     if not rows and not totals:
         return None
     panels = int(bool(rows)) + int(bool(totals))

@@ -31,6 +31,7 @@ import numpy as np
 from gyre_env.config import ConfigError
 from gyre_env.train.checkpoint import (
     Cursor,
+    atomic_write,
     check_resumable,
     load_checkpoint,
     save_checkpoint,
@@ -38,6 +39,13 @@ from gyre_env.train.checkpoint import (
 )
 from gyre_env.train.config import TrainConfig
 from gyre_env.train.rollout import RolloutStats, rollout
+from gyre_env.train.rollout_engines import (
+    attach_router,
+    engine_names,
+    preflight,
+    push_weights,
+    rollout_engines,
+)
 from gyre_env.train.setup import (
     eval_label,
     make_agent,
@@ -134,11 +142,13 @@ class TrainRun:
                 "another --out"
             )
         self.model_dir = prepare_model(cfg)
+        preflight(cfg, self.model_dir)  # SGLang servers that do not answer or differ
         self.tasks = task_pool(cfg)
         self.rng = np.random.default_rng(cfg.seed)
         self.cursor = Cursor()
         self.evals: list[dict] = []
-        self.trainer = self.service = self.engine = self.store = self.logger = None
+        self.trainer = self.service = self.store = self.logger = None
+        self.engines: list = []
 
     # ---- setup ------------------------------------------------------------------
     def open(self) -> None:
@@ -147,7 +157,6 @@ class TrainRun:
         require("torch", "gyre train")
         import torch
 
-        from gyre_env.engines.embedded import EmbeddedEngine, EmbeddedEngineConfig
         from gyre_env.train.gold import GoldSet
 
         cfg, t0 = self.cfg, time.monotonic()
@@ -167,16 +176,11 @@ class TrainRun:
         elif cfg.sft.trajectories and cfg.sft.steps:
             self.trainer.reset_optimizer(cfg.sft.lr)
         self.logger = metrics_logger(cfg, resume=self.resume)
-        self.engine = EmbeddedEngine(
-            EmbeddedEngineConfig(
-                model_path=str(self.model_dir),
-                max_batch_size=max(cfg.rollout.parallel, 1),
-                context_length=cfg.model.context_length,
-            )
-        )
-        self.service = model_service(cfg, self.tokenizer, self.store, [self.engine])
-        if self.trainer.version:
-            self.push_weights()
+        self.engines = rollout_engines(cfg, self.model_dir, engine_names(cfg))
+        self.service = model_service(cfg, self.tokenizer, self.store, self.engines)
+        attach_router(self.engines, self.service.proxy.core.router)
+        if self.trainer.version or any(e.weight_version for e in self.engines):
+            self.push_weights()  # a resumed run, or servers left at another run's weights
         self.logger.log("phase", {"phase": "setup", "seconds": time.monotonic() - t0})
 
     def episodes(self, tasks, *, group_size, run, temperature, desc, group=None) -> RolloutStats:
@@ -307,6 +311,8 @@ class TrainRun:
             skip_zero_variance=cfg.algorithm.skip_zero_variance,
             rng=np.random.default_rng([cfg.seed, it]),
         )
+        if cfg.algorithm.loss.policy_loss == "decoupled" and c.minibatch < len(minibatches):
+            self.proximal(it, [u for units in minibatches for u in units])
         staleness: collections.Counter[str] = collections.Counter()
         tokens = seconds = 0.0
         while c.minibatch < len(minibatches) + cfg.gold_steps_per_iteration():
@@ -332,6 +338,30 @@ class TrainRun:
             "minibatches": len(minibatches),
             "groups_skipped": skipped,
         }
+
+    def proximal(self, it: int, units: list) -> None:
+        """Decoupled PPO's proximal policy: the logprobs of the weights this iteration's
+        updates start from, on every unit of its minibatches, computed before its first
+        update (``Trainer.set_proximal``) and kept beside the checkpoint, so that a run
+        resumed mid-iteration trains against the same proximal policy."""
+        path = self.out / "checkpoints" / "proximal.npz"
+        if self.cursor.minibatch > 0 and path.is_file():
+            with np.load(path) as saved:
+                if int(saved["iteration"]) == it and int(saved["units"]) == len(units):
+                    for i, unit in enumerate(units):
+                        unit.proximal_logprobs = saved[f"u{i}"]
+                    return
+        if self.cursor.minibatch > 0:
+            say(f"iter {it}: no saved proximal logprobs; the resumed weights stand in")
+        self.trainer.set_proximal(units)
+        arrays = {f"u{i}": u.proximal_logprobs for i, u in enumerate(units)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        def write(tmp: Path) -> None:
+            with tmp.open("wb") as f:  # a file: np.savez would append .npz to a name
+                np.savez(f, iteration=it, units=len(units), **arrays)
+
+        atomic_write(path, write)
 
     def log_iteration(self, it: int, times: dict, steps: dict, stats) -> None:
         """The ``iteration`` record (and its line on stdout when it ran rollouts)."""
@@ -369,15 +399,14 @@ class TrainRun:
         self.tokenizer.save_pretrained(folder)
 
     def push_weights(self) -> None:
-        """The trainer's weights into the engine under the trainer's version (in-process
-        weight sync: swapped in between decode steps, versions strictly increasing)."""
-        from gyre_env.weightsync.inprocess import InProcessPublisher
-
-        if self.engine.weight_version == self.trainer.version:
-            return  # no optimizer step since the last push: the engine serves these weights
-        publisher = InProcessPublisher([self.engine])
+        """The trainer's weights into the engines under the trainer's version: swapped in
+        between decode steps (embedded), or through each SGLang server's update API in
+        ``rollout.sglang.weight_sync``'s mode (``train.rollout_engines.push_weights``)."""
+        version = self.trainer.version
+        if all(e.weight_version == version for e in self.engines):
+            return  # no optimizer step since the last push: the engines serve these weights
         named = list(self.trainer.named_parameters())
-        self.service.proxy.call(publisher.apublish(named, self.trainer.version))
+        self.service.proxy.call(push_weights(self.engines, named, version), timeout=None)
 
     # ---- the end ------------------------------------------------------------------
     def save_cursor(self) -> None:
@@ -392,6 +421,9 @@ class TrainRun:
         if self.service is not None:
             self.service.stop()
             self.service = None
+        for engine in self.engines:
+            if hasattr(engine, "attach_router"):
+                engine.close()  # a launched SGLang server stops; an attached one stays
         if self.store is not None:
             self.store.close()
         if self.logger is not None:

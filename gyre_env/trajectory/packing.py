@@ -58,6 +58,10 @@ class PackedTree:
     """[n] int32 which part (tree) of the unit the token belongs to."""
     node_ids: np.ndarray
     """[n] int32 the token's node in that tree (with ``position_ids``, a unique key)."""
+    proximal_logprobs: np.ndarray | None = None
+    """[n] float32 logprob under decoupled PPO's proximal policy (0 where no loss), or
+    None: set by ``Trainer.set_proximal`` once, at the start of an iteration's updates,
+    and held fixed across its minibatches."""
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -80,6 +84,7 @@ class PackedTree:
         return {
             name: torch.as_tensor(getattr(self, name), device=device)
             for name in self.__dataclass_fields__
+            if getattr(self, name) is not None
         }
 
     def dense_mask(self, device: str = "cpu"):

@@ -70,7 +70,7 @@ class CallRecord:
     replica: str = ""
     """Which engine replica served the call (and retries, if any)."""
     api: str = "openai"
-    """``openai`` | ``anthropic`` | ``passthrough``."""
+    """``openai`` | ``anthropic`` | ``responses`` (OpenAI Responses) | ``passthrough``."""
     created: float = 0.0
     """Unix time the call was received."""
     extra: dict = field(default_factory=dict)

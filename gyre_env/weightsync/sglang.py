@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 import os
 import shutil
 import tempfile
@@ -47,6 +48,8 @@ from gyre_env.weightsync.replicas import RoutingGuard, push_all
 if TYPE_CHECKING:
     from gyre_env.engines.sglang import SGLangEngine
     from gyre_env.proxy.router import Router
+
+log = logging.getLogger(__name__)
 
 MODES = ("tensor", "distributed", "disk")
 
@@ -88,6 +91,20 @@ async def _server_version(engine: SGLangEngine) -> int | None:
     except EngineError:  # older servers
         out = await engine._request("GET", "/get_model_info")
     return parse_version(out.get("weight_version") if isinstance(out, dict) else None)
+
+
+def _untied(named: list) -> dict:
+    """CPU copies of ``named`` for safetensors, a tied tensor (``lm_head.weight`` sharing
+    ``model.embed_tokens.weight``'s memory) once, under its first name, as
+    ``save_pretrained`` writes it (the loader ties it back)."""
+    out, seen = {}, set()
+    for name, tensor in named:
+        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor.detach().contiguous().cpu()
+    return out
 
 
 class SGLangPublisher:
@@ -239,9 +256,7 @@ class SGLangPublisher:
             if item.is_file() and not item.name.endswith((".safetensors", ".bin", ".pt")):
                 shutil.copy2(item, tmp / item.name)
         (tmp / "model.safetensors.index.json").unlink(missing_ok=True)
-        st.save_file(
-            {n: t.detach().contiguous().cpu() for n, t in named}, str(tmp / "model.safetensors")
-        )
+        st.save_file(_untied(named), str(tmp / "model.safetensors"))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -256,3 +271,69 @@ class SGLangPublisher:
 
     def close(self) -> None:
         self._group = None
+
+
+class SyncedSGLangEngine:
+    """One SGLang server as an engine whose ``update_weights(named_tensors, version)``
+    goes through its own :class:`SGLangPublisher` (``config.mode``: atomic, verified
+    against the server's ``/get_weight_version``), so that the cells and the training
+    loop, which push a trainer's named tensors, reach SGLang over its update API. Every
+    other attribute is the wrapped :class:`~gyre_env.engines.sglang.SGLangEngine`'s.
+
+    A failed update leaves the server paused and excluded from the router's routing by
+    name (``attach_router``); the next update, of the same version or a newer one, is a
+    full resync and brings it back."""
+
+    def __init__(self, engine: SGLangEngine, config: SGLangSyncConfig):
+        self.engine = engine
+        self.publisher = SGLangPublisher([engine], config)
+        self._good: int | None = None  # the last version this server loaded whole
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+    def attach_router(self, router: Router) -> None:
+        """Failed updates take the server out of ``router``'s routing, resyncs readmit it."""
+        self.publisher.guard.router = router
+
+    @property
+    def excluded(self) -> bool:
+        """Whether the last update failed (the server is out of routing until a resync)."""
+        return self.engine.name in self.publisher.guard.excluded
+
+    def close(self) -> None:
+        """Stop a launched server; hand an attached one back serving (its memory resumed,
+        generation continued), as it was found, for whoever uses it next."""
+        if self.engine.config.url is not None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                try:
+                    asyncio.run(self._hand_back())
+                except Exception as e:  # noqa: BLE001 - closing must not fail the run
+                    log.warning("%s: could not resume the server on close: %s", self.name, e)
+            else:
+                log.warning("%s: closed inside an event loop; server left as it is", self.name)
+        self.engine.close()
+
+    async def _hand_back(self) -> None:
+        try:
+            await self.engine.resume_memory()
+            await self.engine.resume()
+        finally:
+            await self.engine.aclose()
+
+    async def update_weights(self, source: object, version: int) -> None:
+        """Named tensors (a mapping or pairs) through the publisher; a folder path or
+        ``DistributedWeights`` straight to the server (the caller moves the bytes)."""
+        from gyre_env.engines.sglang import DistributedWeights
+
+        if isinstance(source, str | Path | DistributedWeights):
+            await self.engine.update_weights(source, version)
+            return
+        try:
+            await self.publisher.apublish(source, version)
+        except BaseException:
+            self.publisher.version = self._good  # the resync may send this version again
+            raise
+        self._good = version

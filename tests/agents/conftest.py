@@ -27,11 +27,12 @@ def tool_call_text():
 
 @pytest.fixture
 def scripted_service(tmp_path, tok, enc):
-    """``start(reply_fn)``: a model service whose engine answers ``reply_fn(prompt_text)``
-    (a string, ``<|im_end|>`` appended)."""
+    """``start(reply_fn, sinks=())``: a model service whose engine answers
+    ``reply_fn(prompt_text)`` (a string, ``<|im_end|>`` appended); ``sinks``: more record
+    sinks (a trajectory store), closed with the service."""
     services = []
 
-    def start(reply_fn) -> ModelService:
+    def start(reply_fn, sinks=()) -> ModelService:
         def script(prompt_ids, params):
             return enc(reply_fn(tok.decode(prompt_ids)) + "<|im_end|>")
 
@@ -39,6 +40,7 @@ def scripted_service(tmp_path, tok, enc):
             ModelServiceConfig(records_path=str(tmp_path / "records.jsonl")),
             engines=[ScriptedEngine(script)],
             tokenizer=tok,
+            sinks=tuple(sinks),
         ).start()
         services.append(service)
         return service

@@ -7,7 +7,6 @@ The model is our ScriptedEngine so that the CLI is made to call a tool determini
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 from gyre_env.agents.cli_tap import (
@@ -18,10 +17,18 @@ from gyre_env.agents.cli_tap import (
     claude_code_image,
     host_claude_code_dir,
 )
+from gyre_env.agents.codex_cli import (
+    CODEX_INSTALL,
+    CODEX_MOUNT,
+    CodexAgent,
+    codex_image,
+    host_codex_dir,
+)
 
 from gyre_env.proxy.records import read_jsonl
-from gyre_env.runner import EpisodeSpec, Runner, RunnerConfig
+from gyre_env.runner import EpisodeSpec, Runner, RunnerConfig, StoreResultSink
 from gyre_env.tasks import get_task
+from gyre_env.trajectory.store import TrajectoryStore
 
 pytestmark = pytest.mark.docker
 ENV = "Gyre/NL2Repo-v0"
@@ -38,8 +45,13 @@ def _env_kwargs(service, image: str | None = None) -> dict:
     return kwargs
 
 
-def _run(agent, service, kwargs, session, **runner_kw):
-    runner = Runner(agent, RunnerConfig(parallel=1, **runner_kw), endpoint_factory=service.endpoint)
+def _run(agent, service, kwargs, session, sink=None, **runner_kw):
+    runner = Runner(
+        agent,
+        RunnerConfig(parallel=1, **runner_kw),
+        endpoint_factory=service.endpoint,
+        sink=sink,
+    )
     spec = EpisodeSpec(
         episode_id=session, env_id=ENV, env_kwargs=kwargs, reset_options={"task_id": TASK}
     )
@@ -92,16 +104,11 @@ def test_command_agent_is_stopped_at_the_time_limit(scripted_service):
     assert result.times["wall"] < 60
 
 
-def test_claude_code_in_docker_sandbox(scripted_service, tmp_path, tool_call_text):
+def test_claude_code_in_docker_sandbox(scripted_service, tmp_path, tool_call_text, host_cli):
     """Claude Code (headless, as root with IS_SANDBOX=1) runs in the sandbox against the
     proxy: it receives a Bash tool call, runs it in the sandbox, sends the result back and
     finishes; both calls are TITO records of the episode's session (Anthropic API)."""
-    try:
-        host_claude_code_dir()
-    except FileNotFoundError as e:
-        if os.environ.get("CI"):  # CI installs it with npm: missing there is a failure
-            pytest.fail(f"CI must install the Claude Code CLI: {e}")
-        pytest.skip(str(e))
+    host_cli(host_claude_code_dir, "Claude Code CLI")
 
     def policy(prompt: str) -> str:
         if "<tool_response>" in prompt:
@@ -129,3 +136,54 @@ def test_claude_code_in_docker_sandbox(scripted_service, tmp_path, tool_call_tex
     later = load_tokenizer().decode(records[-1].prompt_ids)
     assert "gyre-was-42" in later  # the tool really ran in the sandbox
     assert result.outcome == "failure" and result.reward_valid  # graded, nothing built
+
+
+def test_codex_exec_in_docker_sandbox(scripted_service, tmp_path, tool_call_text, host_cli):
+    """``codex exec`` (the real CLI, Responses API, streamed) runs in the sandbox against
+    the proxy: it receives an ``exec_command`` call, runs it in the sandbox, sends the
+    output back and finishes; its calls are records of the episode's session in the
+    trajectory store, the second prompt extending the first's exact ids, and the episode's
+    outcome is stored beside them."""
+    host_cli(host_codex_dir, "Codex CLI")
+
+    def policy(prompt: str) -> str:
+        if "<tool_response>" in prompt:
+            return "Done."
+        return tool_call_text("exec_command", {"cmd": "echo gyre-was-$((40+2))"})
+
+    store = TrajectoryStore(tmp_path / "store.db")
+    service = scripted_service(policy, sinks=[store])
+    image = codex_image(get_task(TASK).image)
+    agent = CodexAgent(binary=f"{CODEX_MOUNT}/bin/codex")
+    sink = StoreResultSink(store, run="codex")
+    result = _run(agent, service, _env_kwargs(service, image), "codex-1", sink, time_limit_s=240)
+    extra = result.agent_extra
+    assert result.end_reason == "cli_exited" and extra["exit_code"] == 0, result
+    assert extra["last_message"].strip() == "Done."
+    ran = [e["item"] for e in extra["events"] if e.get("type") == "item.completed"]
+    assert any("gyre-was-42" in (i.get("aggregated_output") or "") for i in ran), ran
+    records = list(store.records(["codex-1"]))
+    assert len(records) == result.model_calls == 2
+    assert all(r.prompt_ids and len(r.output_logprobs) == len(r.output_ids) for r in records)
+    assert [r.api for r in read_jsonl(tmp_path / "records.jsonl")] == ["responses"] * 2
+    [episode] = store.episodes(run="codex")
+    assert episode.session == "codex-1" and episode.outcome == "failure"
+    first, second = records
+    assert second.parent == first.call_index and second.prefix_len == len(
+        first.prompt_ids + first.output_ids
+    )
+    assert second.prompt_ids[: second.prefix_len] == first.prompt_ids + first.output_ids
+    from gyre_env.engines.tiny import load_tokenizer
+
+    assert "gyre-was-42" in load_tokenizer().decode(second.prompt_ids[second.prefix_len :])
+    assert result.outcome == "failure" and result.reward_valid  # graded, nothing built
+
+
+def test_codex_missing_from_the_image_names_its_install(scripted_service):
+    """An image without the codex binary ends the episode as an agent error whose message
+    says how to install it; the host-side lookup says the same when npm has no Codex."""
+    service = scripted_service(lambda prompt: "ok")
+    agent = CodexAgent(binary="/nowhere/codex")
+    result = _run(agent, service, _env_kwargs(service), "codex-2", time_limit_s=60)
+    assert result.end_reason == "agent_error", result
+    assert CODEX_INSTALL in result.message and "codex_image" in result.message

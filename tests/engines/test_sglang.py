@@ -11,12 +11,9 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from gyre_env.engines.base import (
     ContextLengthError,
@@ -28,30 +25,9 @@ from gyre_env.engines.base import (
 from gyre_env.engines.sglang import DistributedWeights, SGLangEngine
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_sglang import FakeState, fake_tokens, make_app, test_serializer  # noqa: E402
+from fake_sglang import FakeServer, FakeState, fake_tokens, test_serializer  # noqa: E402
 
 PROMPT = [5, 17, 42, 99]
-
-
-class FakeServer:
-    def __init__(self, state: FakeState):
-        self.state = state
-        config = uvicorn.Config(
-            make_app(state), host="127.0.0.1", port=0, log_level="warning", lifespan="off"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "fake server did not start"
-            time.sleep(0.01)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture

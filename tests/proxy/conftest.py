@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from gyre_env.proxy.records import JsonlSink, read_jsonl
+from gyre_env.proxy.scripted import ScriptedEngine
 from gyre_env.proxy.server import ProxyConfig, ProxyServer
 
 BASH_TOOL = {
@@ -43,6 +44,31 @@ class Started:
 
     def __getattr__(self, name):
         return getattr(self.server, name)
+
+
+@pytest.fixture
+def scripted(enc):
+    """An engine that answers a ``bash`` tool call (``ls -la``, after "Let me look."), then,
+    once a tool result is in the prompt, plain text."""
+    tool_response = enc("<tool_response>")[0]
+    call = enc(
+        'Let me look.\n<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls -la"}}\n'
+        "</tool_call><|im_end|>"
+    )
+    done = enc("There are 3 files.<|im_end|>")
+    return ScriptedEngine(
+        lambda prompt, params: done if tool_response in prompt else call, chunk_size=3
+    )
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    """The embedded engine on the built-in tiny model (loaded once per test module)."""
+    from gyre_env.engines.embedded import EmbeddedEngine
+
+    engine = EmbeddedEngine(max_batch_size=4)
+    yield engine
+    engine.close()
 
 
 @pytest.fixture

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import anthropic
 import openai
-import pytest
 
-from gyre_env.proxy.scripted import ScriptedEngine
-
-CALL = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls -la"}}\n</tool_call><|im_end|>'
 ANTHROPIC_TOOL = {
     "name": "bash",
     "description": "Run a shell command",
@@ -19,16 +15,6 @@ ANTHROPIC_TOOL = {
         "required": ["cmd"],
     },
 }
-
-
-@pytest.fixture
-def scripted(enc):
-    """Answers a tool call, then (once a tool result is in the prompt) plain text."""
-    tool_response = enc("<tool_response>")[0]
-    call, done = enc("Let me look.\n" + CALL), enc("There are 3 files.<|im_end|>")
-    return ScriptedEngine(
-        lambda prompt, params: done if tool_response in prompt else call, chunk_size=3
-    )
 
 
 def test_openai_sdk_tool_round_trip(start_proxy, scripted, bash_tool):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 
 import httpx
-import pytest
 
 from gyre_env.proxy.scripted import ScriptedEngine
 
@@ -103,15 +102,6 @@ def test_length_cut_reply_gets_the_turn_closed(start_proxy, enc):
     _check_chain(recs, engine.prompts)
     after = recs[1].prompt_ids[recs[1].prefix_len :]
     assert after[:2] == enc("<|im_end|>\n"), "the closing the model did not sample is added"
-
-
-@pytest.fixture(scope="module")
-def embedded():
-    from gyre_env.engines.embedded import EmbeddedEngine
-
-    engine = EmbeddedEngine(max_batch_size=4)
-    yield engine
-    engine.close()
 
 
 def test_real_model_records_chain_exactly(start_proxy, embedded, bash_tool):

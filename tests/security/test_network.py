@@ -190,6 +190,8 @@ ROUTES = [
     ("POST", "/v1/chat/completions", CHAT),
     ("POST", "/s/x/v1/chat/completions", CHAT),
     ("POST", "/s/x/v1/messages", CHAT),
+    ("POST", "/v1/responses", {"model": "m", "input": "hi"}),
+    ("POST", "/s/x/v1/responses", {"model": "m", "input": "hi"}),
     ("POST", "/s/x/v1/messages/count_tokens", CHAT),
     ("DELETE", "/s/x", None),
 ]

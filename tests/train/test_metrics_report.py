@@ -175,7 +175,6 @@ def _full_run() -> list[dict]:
         {"kind": "phase", "phase": "setup", "seconds": 4.0, "time": t},
         {"kind": "eval", "phase": "random", "iteration": 0, "step": 0, "pass_rate": 0.05,
          "mean_score": 0.1, "episodes": 20, "time_eval": 3.0, "time": t + 1},
-        {"kind": "phase", "phase": "eval_random", "seconds": 3.0, "time": t + 1},
     ]  # fmt: skip
     for step in range(1, 6):
         rows.append({"kind": "sft", "step": step, "loss": 2.0 / step, "nll": 2.0 / step,
@@ -202,7 +201,6 @@ def _full_run() -> list[dict]:
     rows.append(
         {"kind": "eval", "phase": "control", "iteration": 3, "step": step, "pass_rate": 0.2}
     )
-    rows.append({"kind": "phase", "phase": "rl", "seconds": 50.0})
     return rows
 
 
@@ -223,7 +221,9 @@ def test_report_renders_every_section(tmp_path):
     assert _images(page) == len(SECTIONS) == 7
     assert "5.0%" in page and "25.0%" in page  # random and SFT pass rates
     assert "55.0%" in page and "+30.0 points" in page  # last RL eval (iteration 3) - SFT
-    assert "total wall time (sum of phases)</td><td>77.0s</td>" in page
+    # setup 4 + SFT 20 + 3 RL iterations of 10 + 5 + 1 + the random eval's 3: every phase
+    total = "total wall time (sum of phases, RL iterations and evals included)"
+    assert f"{total}</td><td>75.0s</td>" in page
     assert "control" in page
 
 

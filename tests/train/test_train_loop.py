@@ -91,19 +91,32 @@ def test_eval_random_false_skips_only_the_random_eval(tmp_path):
 
 
 def test_ctrl_c_saves_and_resume_gives_the_same_next_step_loss(tmp_path, monkeypatch):
-    """Run A trains 4 steps uninterrupted. Run B gets SIGINT during step 3: it finishes
-    that step, saves, exits; resumed, it takes step 4 from the rollouts already in the
-    store. Step 4's loss equals A's (rollouts are seeded and run one at a time)."""
+    """Run A trains 4 steps uninterrupted (decoupled PPO, 2 minibatches an iteration).
+    Run B gets SIGINT during step 3: it finishes that step, saves, exits; resumed, it
+    takes step 4 from the rollouts already in the store, against the proximal policy of
+    the iteration's start (saved, not the resumed weights). Step 4's loss equals A's
+    (rollouts are seeded and run one at a time). The proximal logprobs are computed once
+    per iteration, before its first update (the clip itself: test_torch_trainer.py)."""
     from gyre_env.trainers import torch_backend
 
     from gyre_env.train import train
 
     more = ["sft.trajectories=0", "schedule.iterations=2", "schedule.optimizer_steps=2",
             "rollout.parallel=1", "rollout.group_size=3", "schedule.eval_every=100",
-            "algorithm.loss.entropy_coef=0.01"]  # fmt: skip
+            "algorithm.loss.entropy_coef=0.01",
+            'algorithm.loss.policy_loss="decoupled"']  # fmt: skip
+    proximal = torch_backend.TorchTrainer.set_proximal
+    calls = []
+
+    def recorded(self, units):
+        calls.append(self.version)
+        return proximal(self, units)
+
+    monkeypatch.setattr(torch_backend.TorchTrainer, "set_proximal", recorded)
     a = train(_cfg(tmp_path / "a", *more))
     losses_a = {r["step"]: r["loss"] for r in _rows(a.out_dir, "rl")}
     assert sorted(losses_a) == [1, 2, 3, 4]
+    assert calls == [0, 2]  # at each iteration's start
 
     step = torch_backend.TorchTrainer.train_step
 
@@ -118,8 +131,11 @@ def test_ctrl_c_saves_and_resume_gives_the_same_next_step_loss(tmp_path, monkeyp
     assert b.interrupted
     assert [r["step"] for r in _rows(b.out_dir, "rl")] == [1, 2, 3]
     monkeypatch.setattr(torch_backend.TorchTrainer, "train_step", step)
+    assert calls == [0, 2, 0, 2]
+    calls.clear()
     resumed = train(cfg_b, resume=True)
     assert not resumed.interrupted
+    assert calls == []  # step 4 uses the proximal logprobs saved at step 3's iteration start
     losses_b = {r["step"]: r["loss"] for r in _rows(b.out_dir, "rl")}
     assert sorted(losses_b) == [1, 2, 3, 4]
     for k in (1, 2, 3, 4):

@@ -90,6 +90,27 @@ def test_tree_loss_and_gradient_equal_the_flat_per_path_computation(model_dir, l
     assert sum(float(g.abs().sum()) for g in grads[0].values()) > 0
 
 
+@pytest.mark.parametrize("fixed", [True, False], ids=["iteration-start", "current-weights"])
+def test_decoupled_ppo_clips_around_the_iterations_starting_policy(model_dir, fixed):
+    """Decoupled PPO's proximal policy is the one the iteration's updates start from,
+    computed once (``set_proximal``) and held fixed: on the second minibatch the ratio
+    has moved and a tight clip binds. Recomputing it with the current weights inside each
+    step (what this backend did before) makes the ratio 1 and the clip never binds."""
+    rng = np.random.default_rng(0)
+    first, second = _batch(_group(rng)), _batch(_group(rng))
+    loss = LossConfig(policy_loss="decoupled", clip_low=0.01, clip_high=0.01)
+    trainer = TorchTrainer(model_dir, TorchTrainerConfig(lr=1e-2, grad_clip=0), loss)
+    if fixed:
+        trainer.set_proximal(first.units + second.units)
+        assert all(u.proximal_logprobs is not None for u in second.units)
+    m1, m2 = trainer.train_step(first), trainer.train_step(second)
+    assert m1["clip_frac"] == 0.0  # the first update starts at the proximal policy
+    if fixed:
+        assert m2["clip_frac"] > 0.1, m2
+    else:
+        assert m2["clip_frac"] == 0.0
+
+
 def test_torch_trainer_is_a_trainer_and_its_names_are_the_served_models(model_dir):
     from transformers import AutoModelForCausalLM
 

@@ -23,8 +23,7 @@ from gyre_env.weightsync import (
 )
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engines"))
-from fake_sglang import FakeState, test_serializer  # noqa: E402
-from test_sglang import FakeServer  # noqa: E402
+from fake_sglang import FakeServer, FakeState, test_serializer  # noqa: E402
 
 
 @pytest.fixture

@@ -34,6 +34,8 @@ from gyre_env.trainers.steps import (
     accumulate,
     cpu_threads,
     finite_step,
+    proximal_for,
+    set_proximal,
     share_batch,
     step_metrics,
     unit_loss,
@@ -327,7 +329,7 @@ class MegatronTrainer:
         mask = self._mask(packed)
         extra = {}
         if rl and cfg.policy_loss == "decoupled":
-            extra["proximal"] = self.logprobs(t, mask)
+            extra["proximal"] = proximal_for(t, lambda: self.logprobs(t, mask))
         if rl and cfg.kl_coef > 0:
             extra["reference"] = self.logprobs(t, mask, model=self.reference)
         temperature = cfg.temperature if rl else 1.0
@@ -342,6 +344,11 @@ class MegatronTrainer:
         return attention_mask_for(
             packed, device=self.device, dense_max_tokens=c.dense_max_tokens, block=c.block_size
         )
+
+    def set_proximal(self, units) -> None:
+        """Store on each unit its logprobs under the current weights: decoupled PPO's
+        proximal policy, fixed for the iteration (``steps.set_proximal``)."""
+        set_proximal(self, units, lambda u, t: self.logprobs(t, self._mask(u)))
 
     @torch.no_grad()
     def logprobs(self, t: dict, mask, *, model=None) -> torch.Tensor:
