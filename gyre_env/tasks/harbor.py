@@ -50,6 +50,9 @@ EXAMPLES = Path(__file__).resolve().parent / "harbor_examples"
 WORKDIR_LINK = "/tmp/gyre-workdir"
 """Where the image's WORKDIR link points; each sandbox points it at its workspace."""
 _LINK_COMMAND = f'ln -sfn "$PWD" {WORKDIR_LINK}'
+_SUB_SCRIPT = re.compile(r"(?:\$\{?TEST_DIR\}?|/tests|(?<![\w/.$])tests)/([\w./-]+\.sh)\b")
+_SHARED_RUNNERS = ("run-uv-pytest.sh", "run-pytest.sh")
+"""terminal-bench's shared runners, copied in at test time: they run test_outputs.py."""
 _TEST_PATH = re.compile(
     r"(?:\$\{?TEST_DIR\}?|/tests|(?<![\w/.$])tests)/([\w./-]+\.py(?:::[\w\[\]-]+)?)"
 )
@@ -98,7 +101,7 @@ def load_harbor_task(
     tests_dir = root / "tests"
     if not tests_dir.is_dir():
         raise TaskFormatError(f"{root}: missing tests/ (the task's test files)")
-    targets = pytest_targets(meta["script"])
+    targets = pytest_targets(meta["script"], tests_dir)
     for target in targets:
         if not (tests_dir / target.split("::")[0]).is_file():
             raise TaskFormatError(f"{meta['script']}: runs tests/{target}, which is missing")
@@ -222,16 +225,30 @@ def _seconds(table: dict, key: str, default: float, where: Path) -> float:
     return float(value)
 
 
-def pytest_targets(script: Path) -> list[str]:
-    """The test files (``tests/``-relative, with ``::`` selectors) the run script runs."""
+def pytest_targets(script: Path, tests_dir: Path | None = None) -> list[str]:
+    """The test files (``tests/``-relative, with ``::`` selectors) the run script runs.
+
+    Scripts it runs or sources from ``tests_dir`` are read too; terminal-bench's shared
+    ``run-uv-pytest.sh`` (not in the task folder) runs ``$TEST_DIR/test_outputs.py``."""
+    tests_dir = tests_dir or script.parent
     found: list[str] = []
-    for line in script.read_text(encoding="utf-8").splitlines():
-        code = line.split("#", 1)[0]
-        if "pytest" not in code:
-            continue
-        for m in _TEST_PATH.finditer(code):
-            if m.group(1) not in found:
-                found.append(m.group(1))
+    seen = {script.resolve()}
+    todo = [script]
+    while todo:
+        text = todo.pop().read_text(encoding="utf-8")
+        for line in text.splitlines():
+            code = line.split("#", 1)[0]
+            for m in _TEST_PATH.finditer(code):
+                if "pytest" in code and m.group(1) not in found:
+                    found.append(m.group(1))
+            for m in _SUB_SCRIPT.finditer(code):
+                sub = (tests_dir / m.group(1)).resolve()
+                if sub.is_file() and sub not in seen:
+                    seen.add(sub)
+                    todo.append(sub)
+                elif m.group(1) in _SHARED_RUNNERS and (tests_dir / "test_outputs.py").is_file():
+                    if "test_outputs.py" not in found:
+                        found.append("test_outputs.py")
     if not found:
         raise TaskFormatError(
             f"{script}: runs no pytest file under tests/ ($TEST_DIR/..., /tests/...); Gyre "

@@ -88,6 +88,21 @@ def test_run_script_forms(tmp_path, line, expected):
     assert pytest_targets(script) == expected
 
 
+def test_run_script_through_sourced_scripts(tmp_path):
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_outputs.py").write_text("def test_x(): pass\n")
+    script = tmp_path / "run-tests.sh"
+    # terminal-bench's common form: shared runners copied into $TEST_DIR at test time
+    script.write_text(
+        "#!/bin/bash\nsource $TEST_DIR/setup-uv-pytest.sh\nbash $TEST_DIR/run-uv-pytest.sh\n"
+    )
+    assert pytest_targets(script, tests) == ["test_outputs.py"]
+    (tests / "run.sh").write_text("uv run pytest $TEST_DIR/test_more.py\n")
+    script.write_text("#!/bin/bash\nbash $TEST_DIR/run.sh\n")
+    assert pytest_targets(script, tests) == ["test_more.py"]
+
+
 def test_count_tests_selector_and_classes(tmp_path):
     f = tmp_path / "test_c.py"
     f.write_text(

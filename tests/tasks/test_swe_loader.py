@@ -45,6 +45,13 @@ def test_shipped_example(tmp_path):
     assert again.workspace_dir == ws
 
 
+def test_gyre_bench_selects_from_the_registered_suites():
+    from gyre_env.bench.run import select_tasks
+
+    assert [t.id for t in select_tasks("all", "swe")] == ["toml-load-paths"]
+    assert [t.id for t in select_tasks("fix-wordcount", "harbor")] == ["fix-wordcount"]
+
+
 def test_loads_from_an_archive_and_a_folder_suite(tmp_path, example):
     archive = tmp_path / "task.tar.gz"
     with tarfile.open(archive, "w:gz") as tf:
