@@ -119,8 +119,8 @@ def load_harbor_task(
         domain=meta.get("category") or "terminal",
         title=meta.get("title") or task_id,
         spec=meta["instruction"],
-        image=meta.get("image") or f"{image_prefix}{task_id.lower()}:latest",
-        dockerfile=None if meta.get("image") else meta["dockerfile"],
+        image=f"{image_prefix}{task_id.lower()}:latest",
+        dockerfile=meta["dockerfile"],
         setup_commands=[_LINK_COMMAND],
         test_commands=[_LINK_COMMAND, pytest],
         hidden_tests_dir=overlay,
@@ -153,13 +153,19 @@ def _harbor_meta(root: Path) -> dict:
         if not isinstance(value, dict):
             raise TaskFormatError(f"{toml_path}: [{key}] must be a table")
     env = sections["environment"]
+    dockerfile = root / "environment" / "Dockerfile"
+    if env.get("docker_image") and not dockerfile.is_file():
+        raise TaskFormatError(
+            f"{toml_path}: [environment] docker_image = {env['docker_image']!r} and no "
+            f"{dockerfile}: Gyre builds a task's image from its Dockerfile (one line "
+            f"`FROM {env['docker_image']}` will do, with that image on this Docker daemon)"
+        )
     return {
         "instruction": _instruction(root / "instruction.md"),
-        "dockerfile": root / "environment" / "Dockerfile",
+        "dockerfile": dockerfile,
         "script": root / "tests" / "test.sh",
         "solution": root / "solution" / "solve.sh",
         "category": sections["metadata"].get("category"),
-        "image": env.get("docker_image"),
         "agent_timeout_s": _seconds(sections["agent"], "timeout_sec", 1800.0, toml_path),
         "test_timeout_s": _seconds(sections["verifier"], "timeout_sec", 300.0, toml_path),
     }
@@ -189,7 +195,6 @@ def _terminal_bench_meta(root: Path) -> dict:
         "script": root / "run-tests.sh",
         "solution": root / "solution.sh",
         "category": data.get("category"),
-        "image": None,
         "agent_timeout_s": _seconds(data, "max_agent_timeout_sec", 1800.0, path),
         "test_timeout_s": _seconds(data, "max_test_timeout_sec", 300.0, path),
     }

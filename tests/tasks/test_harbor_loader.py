@@ -168,6 +168,16 @@ def test_bad_metadata_is_named(harbor, tbench):
         load_task_folder(tbench)
 
 
+def test_prebuilt_image_without_dockerfile_is_named(harbor):
+    (harbor / "environment" / "Dockerfile").unlink()
+    toml = harbor / "task.toml"
+    toml.write_text(toml.read_text() + 'docker_image = "example/task:1"\n')
+    with pytest.raises(
+        TaskFormatError, match=r"docker_image = 'example/task:1' and no .*Dockerfile"
+    ):
+        load_task_folder(harbor)
+
+
 def test_multi_service_compose_is_refused(tbench):
     compose = tbench / "docker-compose.yaml"
     compose.write_text("services:\n  client: {build: .}\n  db: {image: postgres}\n")
