@@ -72,7 +72,8 @@ class NL2RepoConfig:
     """Everything an ``NL2RepoEnv`` can be configured with (``gym.make`` kwargs)."""
 
     suite: str = "builtin"
-    """A registered suite name (``builtin``, ``nl2repo``) or a folder of task folders."""
+    """A registered suite name (``builtin``, ``nl2repo``, ``nano``, ``harbor``, ``swe``) or
+    a folder of task folders (Gyre, Harbor, terminal-bench or SWE-style)."""
     suite_kwargs: dict = field(default_factory=dict)
     """Passed to ``load_suite``, e.g. ``{"checkout": ..., "tests": ...}`` for ``nl2repo``."""
     task_path: str | None = None

@@ -7,8 +7,11 @@ set -eu
 
 missing=""
 for pkg in $GYRE_APT_PACKAGES; do
-    # python3* come from the base image itself on python:3.11-slim (/usr/local/bin).
-    case "$pkg" in python3*) command -v python3 >/dev/null 2>&1 && continue ;; esac
+    if [ ! -x /usr/bin/python3 ] && command -v python3 >/dev/null 2>&1; then
+        # python:3.11-slim's own Python (/usr/local) has its full standard library and
+        # headers; its tkinter needs only Tk's shared library.
+        case "$pkg" in python3-tk) pkg=libtk8.6 ;; python3*) continue ;; esac
+    fi
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
         missing="$missing $pkg"
     fi
@@ -41,6 +44,11 @@ chown gyre:gyre /workspace
 
 # Fail the build here, not in a sandbox later, if a tool the tasks rely on is missing.
 python3 -c "import pytest, setuptools, wheel"
+# The full standard library and a C toolchain that can build an extension module.
+python3 -c "import tkinter, dbm.gnu, dbm.ndbm, lib2to3, distutils, sqlite3, ctypes, lzma, bz2, curses, readline, ssl"
+inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+printf '#include <Python.h>\nint main(void) { return 0; }\n' > /tmp/gyre-cc-check.c
+gcc -fsyntax-only -I"$inc" /tmp/gyre-cc-check.c && rm -f /tmp/gyre-cc-check.c
 ruff --version
 for tool in bash tar ps kill base64 git python; do
     command -v "$tool" >/dev/null || { echo "gyre-image-setup: $tool missing" >&2; exit 1; }

@@ -114,6 +114,8 @@ def build_task_image(
             message=message,
         )
 
+    if getattr(task, "dockerfile", None) is not None:
+        return _from_dockerfile(task, client or _client(), force, result, progress)
     if task.image == base and not reqs:
         return result("base")
     if task.image == base:
@@ -141,6 +143,24 @@ def build_task_image(
             (Path(ctx) / "Dockerfile").write_text(_DOCKERFILE.format(base=base))
             labels = {LABEL_TASK_RECIPE: recipe, LABEL_TASK_ID: task.id}
             _build(client, ctx, task.image, labels)
+    except ImageBuildError as e:
+        return result("failed", str(e))
+    if old is not None and old.id != client.images.get(task.image).id:
+        _remove_quietly(client, old.id)
+    return result("built")
+
+
+def _from_dockerfile(task, client, force: bool, result, progress) -> TaskImage:
+    """A task image from the task's own Dockerfile (``task_dockerfile``), or reused."""
+    from gyre_env.sandbox.task_dockerfile import build_dockerfile_image, recipe
+
+    current = recipe(task.dockerfile, client)
+    old = _image(client, task.image)
+    if old is not None and not force and (old.labels or {}).get(LABEL_TASK_RECIPE) == current:
+        return result("up to date")
+    try:
+        labels = {LABEL_TASK_RECIPE: current, LABEL_TASK_ID: task.id}
+        build_dockerfile_image(task, client, labels)
     except ImageBuildError as e:
         return result("failed", str(e))
     if old is not None and old.id != client.images.get(task.image).id:
@@ -198,7 +218,7 @@ def build_task_images(
     progress line per task; failures are reported, not raised, so one bad task does not
     stop the others."""
     client = _client()
-    if any(t.requirements for t in tasks):
+    if any(t.requirements and getattr(t, "dockerfile", None) is None for t in tasks):
         check_python(client, base)
     by_image: dict[str, object] = {}
     for task in tasks:

@@ -56,6 +56,8 @@ def _cmd_check(args) -> int:
             else "no gold"
         )
         line = f"{t.id}: {gold}; empty {result.empty.passed}/{t.test_count}"
+        if t.fail_to_pass:  # PASS_TO_PASS pass unchanged: the score says more than the count
+            line += f" (score {result.empty.score:g})"
         if result.visible is not None:
             line += f"; visible {result.visible.counts.passed}/{result.visible.counts.collected}"
         if result.ok:

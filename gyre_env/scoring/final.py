@@ -50,6 +50,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gyre_env.scoring._pytest_launcher import _junit_names
 from gyre_env.scoring.junit import TestCase, TestCounts, select_cases
 from gyre_env.scoring.rewards import quantize
 from gyre_env.scoring.verdict import VerdictError, VerdictTampered, read_verdict
@@ -459,8 +460,12 @@ def _score(sandbox, task: Task, summary: dict, keys: _Keys, repo: str) -> Gradin
             privilege_drop=drop,
             tampered=True,
         )
-    counts = TestCounts.of(select_cases(cases, task.hidden_test_paths))
-    score = quantize(min(1.0, counts.passed / task.test_count))
+    if task.fail_to_pass:
+        counts, score = named_tests_score(cases, task.fail_to_pass, task.pass_to_pass)
+    else:
+        counts = TestCounts.of(select_cases(cases, task.hidden_test_paths))
+        score = min(1.0, counts.passed / task.test_count)
+    score = quantize(score)
     return GradingResult(
         status="suspect" if problems else "ok",
         score=score,
@@ -470,3 +475,30 @@ def _score(sandbox, task: Task, summary: dict, keys: _Keys, repo: str) -> Gradin
         commands=runs,
         privilege_drop=drop,
     )
+
+
+def named_tests_score(
+    cases: list[TestCase], fail_to_pass: list[str], pass_to_pass: list[str]
+) -> tuple[TestCounts, float]:
+    """A SWE-style score: the named tests' cases (a node id that did not run is a failure)
+    and ``passed(FAIL_TO_PASS) / (len(FAIL_TO_PASS) + failed(PASS_TO_PASS))``: the share of
+    the tests the change must fix that pass, each PASS_TO_PASS regression one more failure.
+    The unchanged repository scores 0 and the reference change 1."""
+    by_key = {c.key: c for c in cases}
+
+    def case_of(nodeid: str) -> TestCase:
+        classname, name = _junit_names(nodeid)
+        found = by_key.get((classname, name))
+        if found is not None:
+            return found
+        path = nodeid.split("::", 1)[0]
+        return TestCase(
+            classname=classname, name=name, file=path, outcome="error", message="did not run"
+        )
+
+    fixed = [case_of(n) for n in fail_to_pass]
+    kept = [case_of(n) for n in pass_to_pass]
+    counts = TestCounts.of(fixed + kept)
+    regressions = sum(c.outcome != "passed" for c in kept)
+    passed = sum(c.outcome == "passed" for c in fixed)
+    return counts, passed / (len(fail_to_pass) + regressions)

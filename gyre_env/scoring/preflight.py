@@ -22,6 +22,7 @@ from gyre_env.scoring import (
     GradingResult,
     TestCounts,
     VisibleRun,
+    grade_sandbox,
     grade_workspace,
     run_visible_tests,
 )
@@ -33,10 +34,43 @@ def run_preflight(task: Task, *, gold: bool = True, backend: str = "auto") -> Gr
 
     No control run: a grading run that fails is reported as it is, never retried on gold.
     """
+    config = GradingConfig(backend=backend, control_run=False)
+    if gold and task.gold_dir is None and task.solution_script is not None:
+        return run_solution(task, config)
     if gold and task.gold_dir is None:
         raise ValueError(f"task {task.id!r} has no gold solution")
-    config = GradingConfig(backend=backend, control_run=False)
-    return grade_workspace(task, task.gold_dir if gold else None, config)
+    # "Empty" is the workspace an episode starts from: a SWE task's repository unchanged.
+    return grade_workspace(task, task.gold_dir if gold else task.workspace_dir, config)
+
+
+def run_solution(task: Task, config: GradingConfig) -> GradingResult:
+    """Run the task's solution script in an agent sandbox set up as an episode's, then
+    grade that sandbox's workspace as an episode's is graded."""
+    try:
+        sandbox = make_sandbox(SandboxConfig(image=task.image), config.backend)
+    except Exception as e:  # no daemon, missing image: nothing the solution did
+        reason = f"could not start a sandbox: {type(e).__name__}: {e}"
+        return GradingResult(
+            status="infra_error", score=0.0, declared=task.test_count, reason=reason
+        )
+    try:
+        task.prepare_workspace(sandbox)
+        script = task.solution_script.read_text(encoding="utf-8")
+        sandbox.write_file(".gyre-solve.sh", script)
+        run = sandbox.exec("bash .gyre-solve.sh; s=$?; rm -f .gyre-solve.sh; exit $s", timeout=900)
+        if not run.ok:
+            reason = f"{task.solution_script} failed (exit {run.exit_code}): {run.output[-2000:]}"
+            return GradingResult(
+                status="infra_error", score=0.0, declared=task.test_count, reason=reason
+            )
+        return grade_sandbox(task, sandbox, config)
+    except (TaskSetupError, SandboxError, OSError) as e:
+        reason = f"the solution's sandbox failed: {type(e).__name__}: {e}"
+        return GradingResult(
+            status="infra_error", score=0.0, declared=task.test_count, reason=reason
+        )
+    finally:
+        sandbox.close()
 
 
 def run_visible_preflight(task: Task, *, backend: str = "auto") -> VisibleRun:
@@ -117,10 +151,10 @@ def check_task(task: Task, *, require_gold: bool = True, backend: str = "auto") 
     ``require_gold=False`` accepts a task without gold (NL2Repo tasks): the empty run
     still catches a leak, e.g. the project's own package already in the image.
     """
-    has_gold = task.gold_dir is not None
+    has_gold = task.has_gold
     gold = run_preflight(task, gold=True, backend=backend) if has_gold else None
     visible = None
-    if has_gold and task.has_visible_tests:
+    if task.gold_dir is not None and task.has_visible_tests:
         visible = run_visible_preflight(task, backend=backend)
     empty = run_preflight(task, gold=False, backend=backend)
     return TaskCheck(task=task, gold=gold, empty=empty, visible=visible, require_gold=require_gold)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tarfile
+from pathlib import Path
 
 
 def safe_extract(
@@ -60,3 +61,13 @@ def _extract_checked(tar: tarfile.TarFile, dest, *, skip_escaping_links: bool) -
         member.uid, member.gid = os.getuid(), os.getgid()
         member.uname = member.gname = ""
         tar.extract(member, root, set_attrs=not member.issym())
+
+
+def publish(staged: Path, final: Path) -> None:
+    """Rename a fully built cache folder to its final name. The name is a digest of the
+    content, so when a concurrent build of the same content got there first, theirs stays."""
+    try:
+        staged.rename(final)
+    except OSError:
+        if not final.is_dir():
+            raise

@@ -44,7 +44,7 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from gyre_env.tasks.archive import safe_extract
+from gyre_env.tasks.archive import publish, safe_extract
 from gyre_env.tasks.task import Task, TaskFormatError, list_files
 
 _TOOLING = {"python", "pip", "setuptools", "wheel", "distribute"}
@@ -283,11 +283,7 @@ def build_overlay(source: Path, test_paths: list[str], cache: Path) -> Path:
                 shutil.copy2(src, out / rel)
             else:
                 raise TaskFormatError(f"test path {rel!r} not found in {source}")
-        try:
-            out.rename(overlay)
-        except OSError:
-            if not overlay.is_dir():  # not a concurrent build of the same digest
-                raise
+        publish(out, overlay)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return overlay
@@ -314,11 +310,7 @@ def build_gold(source: Path, test_paths: list[str], cache: Path) -> Path:
                 shutil.rmtree(target)
             elif target.exists():
                 target.unlink()
-        try:
-            out.rename(gold)
-        except OSError:
-            if not gold.is_dir():
-                raise
+        publish(out, gold)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return gold

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,14 +84,51 @@ def _load_entry_point(entry_point: str, kwargs: dict) -> list[Task]:
 
 
 def load_task_folder(folder: str | Path) -> list[Task]:
-    """Every subfolder of ``folder`` holding a ``task.toml``, loaded (or ``folder`` itself)."""
+    """Every task folder under ``folder``, loaded (or ``folder`` itself): Gyre's format
+    (``spec.md`` + ``task.toml``), Harbor (``instruction.md``), terminal-bench
+    (``task.toml``'s sibling ``task.yaml``) or SWE-style (``instance.json``)."""
     root = Path(folder).expanduser()
-    if (root / "task.toml").is_file():
-        return [load_task(root)]
-    tasks = [load_task(p) for p in sorted(root.iterdir()) if (p / "task.toml").is_file()]
+    if not root.is_dir():
+        raise TaskFormatError(f"{root}: not a folder")
+    if task_format(root) is not None:
+        return [_load_any(root)]
+    tasks = [_load_any(p) for p in sorted(root.iterdir()) if task_format(p) is not None]
     if not tasks:
-        raise TaskFormatError(f"{root}: no task folders (subfolders with task.toml)")
+        raise TaskFormatError(
+            f"{root}: no task folders (subfolders with task.toml, instruction.md, task.yaml "
+            "or instance.json)"
+        )
     return tasks
+
+
+def task_format(folder: Path) -> str | None:
+    """``gyre``, ``harbor`` (also terminal-bench), ``swe``, or None for no task folder."""
+    if not folder.is_dir():
+        return None
+    if (folder / "instruction.md").is_file() or (folder / "task.yaml").is_file():
+        return "harbor"
+    if (folder / "instance.json").is_file():
+        return "swe"
+    toml = folder / "task.toml"
+    if toml.is_file():
+        # Harbor's task.toml has [verifier]/[agent]/[environment] tables; Gyre's has none.
+        text = toml.read_text(encoding="utf-8", errors="replace")
+        harbor = re.search(r"^\s*\[(verifier|agent|environment)\]", text, re.M)
+        return "harbor" if harbor and not (folder / "spec.md").is_file() else "gyre"
+    return None
+
+
+def _load_any(folder: Path) -> Task:
+    kind = task_format(folder)
+    if kind == "harbor":
+        from gyre_env.tasks.harbor import load_harbor_task
+
+        return load_harbor_task(folder)
+    if kind == "swe":
+        from gyre_env.tasks.swe import load_swe_task
+
+        return load_swe_task(folder)
+    return load_task(folder)
 
 
 def get_task(task_id: str, suite: str | Path = "builtin", **kwargs) -> Task:
@@ -128,4 +166,16 @@ register_suite(
     "gyre_env.tasks.nano:nano_tasks",
     description="Generated one-function tasks for tiny models: "
     "load_suite('nano', split='train', count=256, seed=0)",
+)
+register_suite(
+    "harbor",
+    "gyre_env.tasks.harbor:load_harbor_suite",
+    description="Harbor / terminal-bench task folders (instruction, Dockerfile, tests, run "
+    "script): load_suite('harbor', path=...); default: the small tasks shipped with Gyre",
+)
+register_suite(
+    "swe",
+    "gyre_env.tasks.swe:load_swe_suite",
+    description="SWE-style tasks (repository, issue, FAIL_TO_PASS / PASS_TO_PASS): "
+    "load_suite('swe', path=...); default: the example shipped with Gyre",
 )

@@ -104,6 +104,21 @@ class Task:
     """pip requirement lines installed into the task image at build time (no network later)."""
     python_version: str | None = None
     """``major.minor`` Python the task's image should provide, when the task names one."""
+    workspace_dir: Path | None = None
+    """Host folder copied into the agent's workspace at reset before anything else (a SWE
+    task's repository at its base commit), or None."""
+    dockerfile: Path | None = None
+    """The Dockerfile ``image`` is built from (Harbor / terminal-bench tasks; its folder is
+    the build context), or None: ``image`` is the base image plus ``requirements``."""
+    solution_script: Path | None = None
+    """A reference solution as a shell script run in the agent's workspace (Harbor's
+    ``solution/solve.sh``), for tasks whose gold is not a folder of files."""
+    fail_to_pass: list[str] = field(default_factory=list)
+    """SWE-style tasks: pytest node ids the change must make pass. When set, the score is
+    ``passed(fail_to_pass) / (len(fail_to_pass) + failed(pass_to_pass))``."""
+    pass_to_pass: list[str] = field(default_factory=list)
+    """SWE-style tasks: node ids that pass before the change and must keep passing; each
+    one that fails counts as one more failed test."""
     source: str = ""
     """Where the task was loaded from (a folder, a checkout), for messages."""
 
@@ -118,6 +133,11 @@ class Task:
     @property
     def has_visible_tests(self) -> bool:
         return bool(self.visible_test_paths)
+
+    @property
+    def has_gold(self) -> bool:
+        """A reference solution exists: gold files or a solution script."""
+        return self.gold_dir is not None or self.solution_script is not None
 
     def validate(self) -> None:
         """Raise TaskFormatError naming the first field that is wrong."""
@@ -171,11 +191,24 @@ class Task:
             )
         if self.gold_dir is not None:
             _check(self.gold_dir.is_dir(), where, "gold", f"{self.gold_dir} is not a folder")
+        for key, folder in (("workspace", self.workspace_dir), ("dockerfile", self.dockerfile)):
+            if folder is not None:
+                ok = folder.is_dir() if key == "workspace" else folder.is_file()
+                _check(ok, where, key, f"{folder} not found")
+        if self.solution_script is not None:
+            _check(self.solution_script.is_file(), where, "solution", "script not found")
+        if self.pass_to_pass and not self.fail_to_pass:
+            _check(False, where, "FAIL_TO_PASS", "PASS_TO_PASS needs FAIL_TO_PASS")
+        named = [*self.fail_to_pass, *self.pass_to_pass]
+        dupes = sorted({t for t in named if named.count(t) > 1})
+        _check(not dupes, where, "FAIL_TO_PASS/PASS_TO_PASS", f"repeated test ids {dupes}")
 
     def prepare_workspace(self, sandbox, *, spec: bool = False) -> None:
         """Set a fresh agent sandbox up the way every episode starts: the visible tests,
         ``SPEC.md`` when ``spec``, then ``setup_commands``. Raises ``TaskSetupError``
         naming the command that failed."""
+        if self.workspace_dir is not None:
+            sandbox.put_dir(str(self.workspace_dir), ".")
         if self.visible_tests_dir is not None:
             sandbox.put_dir(str(self.visible_tests_dir), ".")
         if spec:
