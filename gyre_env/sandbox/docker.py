@@ -145,7 +145,7 @@ class DockerSandbox(ShellSandbox):
             ) from e
         volumes = {host: {"bind": inside, "mode": "ro"} for host, inside in binds}
         try:  # host binds show no task data: an empty read-only tmpfs over each such folder
-            hidden = {path: "ro,size=4k" for path in hostusr.masks(binds)}
+            hidden = {path: hostusr.MASK_OPTIONS for path in hostusr.masks(binds)}
         except ValueError as e:
             raise SandboxError(f"image {cfg.image!r}: {e}") from e
         if cfg.proxy_socket:
