@@ -226,7 +226,9 @@ def docker_run_flags(labels: dict | None) -> list[str]:
     when a bind cannot be made without showing task data)."""
     binds = host_mounts_from_labels(labels)
     flags = [f for host, inside in binds for f in ("-v", f"{host}:{inside}:ro")]
-    return flags + [f for path in hostusr.masks(binds) for f in ("--tmpfs", f"{path}:{hostusr.MASK_OPTIONS}")]
+    return flags + [
+        f for path in hostusr.masks(binds) for f in ("--tmpfs", f"{path}:{hostusr.MASK_OPTIONS}")
+    ]
 
 
 def smoke_check(tag: str) -> str:

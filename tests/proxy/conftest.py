@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-
 BASH_TOOL = {
     "type": "function",
     "function": {
