@@ -136,6 +136,15 @@ class NL2RepoConfig:
         if isinstance(self.grading, dict):
             self.grading = _nested(GradingConfig, self.grading, "NL2RepoEnv grading options")
 
+    def backends(self) -> dict[str, str]:
+        """``{setting: backend}`` of the agent's sandbox and of grading's evaluator (whose
+        ``auto`` follows the agent's): what a run checks before its first episode."""
+        grading = self.grading.backend
+        return {
+            "sandbox_backend": self.sandbox_backend,
+            "grading.backend": self.sandbox_backend if grading == "auto" else grading,
+        }
+
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> NL2RepoConfig:
         return _nested(cls, kwargs, "NL2RepoEnv options")

@@ -109,8 +109,10 @@ def _bench(args: argparse.Namespace) -> int:
     import json
     import logging
     import signal
+    import sys
 
     from gyre_env.bench.run import run_bench
+    from gyre_env.sandbox import SandboxError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = config_from_args(args)
@@ -124,6 +126,9 @@ def _bench(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("gyre bench: interrupted; running episodes were cancelled")
         return 130
+    except SandboxError as e:  # the sandboxes, checked before any work
+        print(f"gyre bench: {e}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(run.summary, indent=1))
     bad = run.summary["outcomes"].get("infra_error", 0)
