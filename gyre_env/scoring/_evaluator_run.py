@@ -29,7 +29,9 @@ This script, before any agent-written code runs:
 
 When the uid cannot be used (not root, or the interpreter is not readable by others, as
 with a Python under /root on a bare host) the commands run as the current user and the
-summary says ``"privilege_drop": false``.
+summary says ``"privilege_drop": false``; unless the plan says ``require_drop`` (an
+evaluator that holds capabilities only for the drop: bubblewrap's), which then runs no
+command and prints ``{"refused": reason}`` instead.
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ def main(plan_path: str) -> int:
     uid = _pick_uid() if plan.get("privilege_drop", True) else None
     if uid is not None and not _can_run_as(uid, python, grader):
         uid = None
+    if uid is None and plan.get("require_drop"):
+        # This evaluator holds capabilities (bubblewrap's, for the drop): the workspace's
+        # code must never run with them. No test runs; the host reports an infra_error.
+        print(json.dumps({"refused": _refusal(python, os.geteuid())}))
+        return 3
     if uid is not None:
         _own(repo, uid, hidden_files)
         for d in (out, home, userbase, tmp):
@@ -111,6 +118,19 @@ def main(plan_path: str) -> int:
         )
     )
     return 0
+
+
+def _refusal(python: str, euid: int) -> str:
+    if euid != 0:
+        return (
+            f"the evaluator runs as uid {euid}, not root: it cannot switch to an "
+            "unprivileged uid, and refuses to run the tests with its capabilities"
+        )
+    return (
+        f"no unprivileged uid could run {python} -I -c 'import pytest' (is the "
+        "interpreter, or a folder above it, unreadable by other users?): the evaluator "
+        "refuses to run the tests as root with its capabilities"
+    )
 
 
 def _take_keys(path: str) -> list[dict]:

@@ -391,6 +391,8 @@ def _run_in(sandbox, task: Task, workspace, config: GradingConfig) -> GradingRes
             "remove": list(task.remove_before_grading),
             "timeout_s": timeout,
             "privilege_drop": config.privilege_drop,
+            # an evaluator holding capabilities for the drop runs nothing without it
+            "require_drop": bool(getattr(sandbox, "evaluator", False)),
             "pytest_plugins": config.pytest_plugins,
             "commands": [{"command": c.command, "report": c.junit_path} for c in commands],
         }
@@ -407,6 +409,13 @@ def _run_in(sandbox, task: Task, workspace, config: GradingConfig) -> GradingRes
             score=0.0,
             declared=task.test_count,
             reason=f"the grader crashed (exit {proc.exit_code}): {proc.output[-2000:]}",
+        )
+    if "refused" in summary:  # before any of the workspace's code ran: not its doing
+        return GradingResult(
+            status="infra_error",
+            score=0.0,
+            declared=task.test_count,
+            reason=f"the {sandbox.backend} evaluator refused to grade: {summary['refused']}",
         )
     return _score(sandbox, task, summary, keys, f"{ws}/repo")
 

@@ -14,6 +14,9 @@ What is not covered, and so not tested: code that finds the grader's own plugin 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -188,3 +191,41 @@ def test_honest_workspaces_keep_their_scores(backend, calc_task, tmp_path):
     assert (gold.status, gold.score) == ("ok", 1.0)
     if backend != "local":
         assert result.privilege_drop and gold.privilege_drop
+
+
+@pytest.mark.bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bwrap evaluator holds capabilities only as root")
+def test_a_bwrap_evaluator_that_cannot_drop_privileges_refuses_to_grade(calc_task, tmp_path):
+    """The bwrap evaluator holds 7 capabilities so that it can switch to a fresh uid. When
+    no fresh uid can run the interpreter (here: gyre's Python in a folder only root may
+    enter), it used to run the workspace's code as root with those capabilities; it must
+    run nothing and report an ``infra_error`` that says why. The grading runs in a child
+    process whose Python is such a virtualenv (mode 0700)."""
+    venv = tmp_path / "private-venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        check=True,
+    )
+    venv.chmod(0o700)
+    ws = write_tree(tmp_path / "ws", {"calc.py": PARTIAL + ATTACKS["junit_then_os_exit"]})
+    script = (
+        "import json, sys\n"
+        "from gyre_env.scoring import GradingConfig, grade_workspace\n"
+        "from gyre_env.tasks import load_task\n"
+        "r = grade_workspace(load_task(sys.argv[1]), sys.argv[2], GradingConfig(backend='bwrap'))\n"
+        "print(json.dumps({**r.summary(), 'commands': len(r.commands)}))\n"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script, str(calc_task.source), str(ws)],
+        env={**os.environ, "PYTHONPATH": root},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["status"] == "infra_error", result
+    assert result["commands"] == 0, "no test command may run"
+    assert "the bwrap evaluator refused to grade" in result["reason"], result["reason"]
+    assert "import pytest" in result["reason"] and "as root" in result["reason"]
