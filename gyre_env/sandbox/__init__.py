@@ -17,6 +17,7 @@ from gyre_env.sandbox.base import (
     Sandbox,
     SandboxClosedError,
     SandboxConfig,
+    SandboxEndedByCommand,
     SandboxError,
 )
 from gyre_env.sandbox.pool import SandboxPool
@@ -32,6 +33,7 @@ __all__ = [
     "Sandbox",
     "SandboxClosedError",
     "SandboxConfig",
+    "SandboxEndedByCommand",
     "ImageNotFoundError",
     "SandboxError",
     "SandboxPool",

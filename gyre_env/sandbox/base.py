@@ -49,6 +49,11 @@ class ImageNotFoundError(SandboxError):
         self.image = image
 
 
+class SandboxEndedByCommand(SandboxError):
+    """A command ended the sandbox itself (its container stopped while the command ran):
+    the agent's doing, scored as ``agent_error``, never ``infra_error``."""
+
+
 class SandboxClosedError(SandboxError):
     """An operation was attempted on a sandbox that was closed or killed."""
 

@@ -357,13 +357,19 @@ def _grade_once(task: Task, workspace: str | Path | None, config: GradingConfig)
 
 
 def _evaluator(sandbox_config, backend: str):
-    """A fresh evaluator sandbox; on bubblewrap one that can drop privileges like Docker's."""
+    """A fresh evaluator sandbox, one that can drop privileges (bubblewrap's and Docker's
+    evaluators keep the capabilities for it that an agent's sandbox does not get)."""
     from gyre_env.sandbox import choose_backend, make_sandbox
 
-    if choose_backend(backend) == "bwrap":
+    name = choose_backend(backend)
+    if name == "bwrap":
         from gyre_env.sandbox.bwrap import BwrapSandbox
 
         return BwrapSandbox(sandbox_config, evaluator=True)
+    if name == "docker":  # keeps the capabilities its grader drops privileges with
+        from gyre_env.sandbox.docker import DockerSandbox
+
+        return DockerSandbox(sandbox_config, evaluator=True)
     return make_sandbox(sandbox_config, backend)
 
 
@@ -391,8 +397,10 @@ def _run_in(sandbox, task: Task, workspace, config: GradingConfig) -> GradingRes
             "remove": list(task.remove_before_grading),
             "timeout_s": timeout,
             "privilege_drop": config.privilege_drop,
-            # an evaluator holding capabilities for the drop runs nothing without it
-            "require_drop": bool(getattr(sandbox, "evaluator", False)),
+            # bubblewrap's evaluator holds capabilities only for the drop: without the
+            # drop it runs nothing (Docker's runs as the container's root, as before)
+            "require_drop": sandbox.backend == "bwrap"
+            and bool(getattr(sandbox, "evaluator", False)),
             "pytest_plugins": config.pytest_plugins,
             "commands": [{"command": c.command, "report": c.junit_path} for c in commands],
         }
