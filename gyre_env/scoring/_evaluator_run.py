@@ -19,12 +19,14 @@ This script, before any agent-written code runs:
    (``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``, a private ``PYTHONUSERBASE`` for ``pip install``,
    no network index), each report path deleted just before its command, every process of
    the uid killed after it, so nothing the install step started can write a report later;
-5. gives each reporting test command (one with a report path) the verdict channel: a key
-   (from ``keys.json``, which the host wrote and this script deletes before anything else
-   runs) on a pipe that the pytest launcher reads once and closes, and a second pipe on
-   which the launcher's plugin streams signed records; this script keeps what arrives in
-   a root-owned ``reports/verdict-<i>.jsonl`` for the host to verify (the JUnit file the
-   command names is never written: the launcher drops the option);
+5. gives each reporting test command (one with a report path) the verdict channel: a
+   pipe on which the pytest launcher's relay streams pytest's events (the JUnit file the
+   command names is never written: the launcher drops the option). This script reads it
+   while the command runs, keeps what arrived in a root-owned
+   ``reports/verdict-<i>.jsonl`` and MACs those bytes with the command's key (from
+   ``keys.json``, which the host wrote and this script deletes before anything else
+   runs; no key ever reaches a process that runs workspace code), so the host knows the
+   bytes are the ones this process received;
 6. prints a JSON summary on stdout.
 
 When the uid cannot be used (not root, or the interpreter is not readable by others, as
@@ -36,6 +38,8 @@ command and prints ``{"refused": reason}`` instead.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -100,17 +104,19 @@ def main(plan_path: str) -> int:
         if report:
             conftests = [os.path.join(repo, f) for f in hidden_files if _is_conftest(f)]
             grant = {**grants[i], "conftests": conftests}
-        channel = _Channel(grant) if grant else None
+        channel = _Channel(grant["conftests"]) if grant else None
         result = _run(step["command"], repo, env, uid, max(left, 0.5), channel)
         if uid is not None:
             _kill_uid(uid, python)
-        result["report"] = None
+        result["report"] = result["verdict_mac"] = None
         if channel is not None:
+            data = channel.finish()
             final = os.path.join(grader, "reports", f"verdict-{i}.jsonl")
             os.makedirs(os.path.dirname(final), exist_ok=True)
             with open(final, "wb") as fh:
-                fh.write(channel.finish())
+                fh.write(data)
             result["report"] = os.path.relpath(final, plan["workspace"])
+            result["verdict_mac"] = _stream_mac(grant, data)
         results.append(result)
     print(
         json.dumps(
@@ -133,6 +139,13 @@ def _refusal(python: str, euid: int) -> str:
     )
 
 
+def _stream_mac(grant: dict, data: bytes) -> str:
+    """What ``gyre_env.scoring.verdict.stream_mac`` checks: the run's nonce, the command's
+    index and the bytes received, under the command's key."""
+    head = f"{grant['nonce']}:{grant['index']}:".encode()
+    return hmac.new(bytes.fromhex(grant["key"]), head + data, hashlib.sha256).hexdigest()
+
+
 def _take_keys(path: str) -> list[dict]:
     """The host's per-command keys; the file is gone before any workspace code runs."""
     with open(path) as fh:
@@ -146,13 +159,11 @@ def _is_conftest(rel: str) -> bool:
 
 
 class _Channel:
-    """The two pipes of one command's verdict: the key (read once by the launcher) and
-    the signed records (read here, while the command runs)."""
+    """The pipe of one command's verdict: the launcher's relay writes pytest's events, this
+    process reads them while the command runs. Nothing secret goes the other way."""
 
-    def __init__(self, grant: dict):
-        self.key_r, key_w = os.pipe()
-        os.write(key_w, json.dumps(grant).encode())  # a few hundred bytes: fits the pipe
-        os.close(key_w)
+    def __init__(self, conftests: list[str]):
+        self.conftests = conftests
         self.out_r, self.out_w = os.pipe()
         self.data = bytearray()
         self.overflow = False
@@ -160,11 +171,13 @@ class _Channel:
         self._reader = threading.Thread(target=self._pump, daemon=True)
 
     def env(self) -> dict:
-        return {"GYRE_GRADER_KEY_FD": str(self.key_r), "GYRE_GRADER_VERDICT_FD": str(self.out_w)}
+        return {
+            "GYRE_GRADER_VERDICT_FD": str(self.out_w),
+            "GYRE_GRADER_CONFTESTS": json.dumps(self.conftests),
+        }
 
     def started(self) -> None:
-        """The command holds its ends now; this process keeps only the records' reader."""
-        os.close(self.key_r)
+        """The command holds its end now; this process keeps only the records' reader."""
         os.close(self.out_w)
         self._reader.start()
 
@@ -372,7 +385,7 @@ def _command_env(grader: str, home: str, userbase: str, tmp: str, ini: str) -> d
 
 def _run(command: str, cwd: str, env: dict, uid: int | None, timeout: float, channel=None) -> dict:
     start = time.monotonic()
-    fds = (channel.key_r, channel.out_w) if channel is not None else ()
+    fds = (channel.out_w,) if channel is not None else ()
     proc = subprocess.Popen(
         ["bash", "-c", command],
         cwd=cwd,

@@ -7,14 +7,14 @@ hidden tests) in it, runs the task's test commands through bash (see
 verdict: score = passed / declared, capped at 1, counting only cases from the hidden test
 files.
 
-The verdict comes from outside the agent's reach, not from a file the tested code could
-write: the host makes a key per command, the evaluator hands it to the grader's pytest
-launcher on a pipe, and the launcher's plugin streams signed records of each case and a
-final ``finish`` record (``_pytest_launcher`` says what that does and does not cover;
-``verdict`` checks the stream). A stream that is not entirely the plugin's, or in which
-the plugin saw its runner patched, is *tampered*: ``status="workspace_error"``,
-``tampered=True``, score 0, with no control run (nothing but the workspace's code writes
-to that pipe). Not ``infra_error``: that would drop the episode from training and so
+The verdict is decided outside the tested process, not read from a file the tested code
+could write: the grader's pytest launcher relays pytest's events over a pipe to the
+evaluator's root process, which MACs the bytes it received with a per-command key the
+host made (the key never enters a process that runs workspace code), and the host
+derives the cases from those events itself (``verdict`` says what that does and does not
+guarantee). A stream that is not entirely the relay's, or in which the relay saw its
+runner patched, is *tampered*: ``status="workspace_error"``, ``tampered=True``, score 0,
+with no control run (nothing but the workspace's code interferes with that pipe). Not ``infra_error``: that would drop the episode from training and so
 reward the attempt by hiding its failure. A stream that just stops (``os._exit``, a
 crash) has no ``finish`` record and is *suspect*, like a missing report.
 
@@ -52,7 +52,7 @@ from pathlib import Path
 
 from gyre_env.scoring.junit import TestCase, TestCounts, select_cases
 from gyre_env.scoring.rewards import quantize
-from gyre_env.scoring.verdict import VerdictError, VerdictTampered, read_verdict
+from gyre_env.scoring.verdict import VerdictError, VerdictTampered, check_stream, read_verdict
 from gyre_env.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -94,8 +94,11 @@ class CommandRun:
     duration_s: float
     output: str
     report: str | None
-    """Workspace-relative path in the evaluator of the command's signed verdict stream (a
-    root-owned copy of what the grader's plugin sent), or None for a command without one."""
+    """Workspace-relative path in the evaluator of the command's verdict stream (a
+    root-owned copy of the events the grader's relay sent), or None for a command without
+    one."""
+    verdict_mac: str | None = None
+    """The evaluator's MAC of those bytes (``verdict.check_stream``)."""
 
 
 @dataclass(kw_only=True)
@@ -460,7 +463,8 @@ def _score(sandbox, task: Task, summary: dict, keys: _Keys, repo: str) -> Gradin
             continue
         data = sandbox.read_file(run.report)
         try:
-            cases += read_verdict(data, key=keys.keys[i], nonce=keys.nonce, index=i, rootdir=repo)
+            check_stream(data, key=keys.keys[i], nonce=keys.nonce, index=i, mac=run.verdict_mac)
+            cases += read_verdict(data, rootdir=repo)
         except VerdictTampered as e:
             tampering.append(f"`{run.command}`: {e}")
         except VerdictError as e:
