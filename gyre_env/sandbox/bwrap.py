@@ -90,7 +90,9 @@ class BwrapSandbox(ShellSandbox):
         self._closed = False
         self.host_dir = tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{os.getpid()}-")
         os.makedirs(os.path.join(self.host_dir, "workspace"))
-        self.cgroup = try_cgroup(self.id, self.config)
+        self.cgroup = try_cgroup(
+            self.id, self.config, "bubblewrap limits fall back to prlimit (address space)"
+        )
         lifecycle.track(self)
         try:
             self.shell = PersistentShell(

@@ -92,9 +92,11 @@ class Cgroup:
                     time.sleep(0.01)
 
 
-def try_cgroup(name: str, config: SandboxConfig) -> Cgroup | None:
+def try_cgroup(name: str, config: SandboxConfig, fallback: str) -> Cgroup | None:
+    """The sandbox's cgroup, or None (logged with what limits apply instead, ``fallback``)
+    where cgroups are not writable."""
     try:
         return Cgroup(name, config.pids, config.memory_mb << 20)
     except OSError as e:
-        log.warning("cgroups not writable (%s): no cgroup limits for sandbox %s", e, name)
+        log.warning("cgroups not writable (%s): %s", e, fallback)
         return None

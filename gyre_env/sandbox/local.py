@@ -82,7 +82,9 @@ class LocalSandbox(ShellSandbox):
         self.id = f"gyre-local-{uuid.uuid4().hex[:12]}"
         self.workspace = tempfile.mkdtemp(prefix="gyre-ws-")
         self._closed = False
-        self.cgroup = try_cgroup(self.id, self.config)
+        self.cgroup = try_cgroup(
+            self.id, self.config, "the local sandbox is bounded by RLIMIT_NPROC only (not for root)"
+        )
         argv = [sys.executable, "-I", "-c", LIMITED, str(self.config.pids)]
         argv += ["bash", "--noprofile", "--norc"]
         if self.cgroup is not None:
