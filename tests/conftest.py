@@ -1,4 +1,5 @@
-"""Shared test plumbing: the ``docker`` and ``bwrap`` markers.
+"""Shared test plumbing: the ``docker`` and ``bwrap`` markers, the tiny tokenizer, an
+in-process proxy (``start_proxy``) and a decode-step hold for migration tests.
 
 A test marked ``docker`` (or ``bwrap``) needs a Docker daemon (or bubblewrap). Where it is
 missing the test is skipped on a developer machine, but FAILS when ``CI`` is set: CI
@@ -140,6 +141,45 @@ async def until_held(holding: threading.Event) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("the engine never reached the decode step it was to hold at")
         await asyncio.sleep(0.001)
+
+
+class StartedProxy:
+    """A running proxy (attributes pass through to the ``ProxyServer``) and its records."""
+
+    def __init__(self, server, path):
+        self.server = server
+        self.path = path
+
+    def records(self):
+        from gyre_env.proxy.records import read_jsonl
+
+        return read_jsonl(self.path)
+
+    def __getattr__(self, name):
+        return getattr(self.server, name)
+
+
+@pytest.fixture
+def start_proxy(tok, tmp_path):
+    """``start_proxy(engines, **config)``: an in-process proxy writing records to a file
+    under ``tmp_path`` (``verify_render`` on unless given), stopped after the test."""
+    from gyre_env.proxy.records import JsonlSink
+    from gyre_env.proxy.server import ProxyConfig, ProxyServer
+
+    servers = []
+
+    def start(engines, **config) -> StartedProxy:
+        path = tmp_path / f"records-{len(servers)}.jsonl"
+        config.setdefault("verify_render", True)
+        server = ProxyServer(
+            ProxyConfig(**config), engines=list(engines), tokenizer=tok, sink=JsonlSink(path)
+        )
+        servers.append(server.start())
+        return StartedProxy(server, path)
+
+    yield start
+    for server in servers:
+        server.stop()
 
 
 @pytest.fixture

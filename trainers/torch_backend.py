@@ -214,7 +214,7 @@ class TorchTrainer:
         as sampled past ``loss.max_staleness`` (``stale_tokens``)."""
         batch = share_batch(self, units, kind)
         if batch is None:
-            return {"loss": 0.0, "tokens": 0.0}
+            return {"loss": 0.0, "tokens": 0.0, "stale_tokens": 0.0}
         rl = kind == "rl"
         agg = self.loss.aggregation if rl else "token"
         if tensors is None:  # threads: the caller's

@@ -137,6 +137,15 @@ class NL2RepoConfig:
         if isinstance(self.grading, dict):
             self.grading = _nested(GradingConfig, self.grading, "NL2RepoEnv grading options")
 
+    def backends(self) -> dict[str, str]:
+        """``{setting: backend}`` of the agent's sandbox and of grading's evaluator (whose
+        ``auto`` follows the agent's): what a run checks before its first episode."""
+        grading = self.grading.backend
+        return {
+            "sandbox_backend": self.sandbox_backend,
+            "grading.backend": self.sandbox_backend if grading == "auto" else grading,
+        }
+
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> NL2RepoConfig:
         return _nested(cls, kwargs, "NL2RepoEnv options")
@@ -318,7 +327,8 @@ class NL2RepoEnv(gym.Env):
         """Run one tool call. Whatever the agent ran, this returns (an exception here is
         only for misuse: a closed env, a finished episode, an action of the wrong shape):
         a sandbox that fails or cannot recover, or a crash while scoring, ends the episode
-        with ``outcome="infra_error"`` and the reason in ``info["error"]``."""
+        with ``outcome="infra_error"`` and the reason in ``info["error"]``; a command that
+        ends its own sandbox ends it as ``agent_error``, scored 0."""
         if self._closed:
             raise RuntimeError("this env is closed")
         if self._done:
@@ -333,7 +343,7 @@ class NL2RepoEnv(gym.Env):
         self.last_scoring_s = 0.0
         args, error = self.action_space.validate_call(action)
         name = action["name"]
-        from gyre_env.sandbox import SandboxError
+        from gyre_env.sandbox import SandboxEndedByCommand, SandboxError
 
         try:
             if error is not None:
@@ -351,6 +361,8 @@ class NL2RepoEnv(gym.Env):
                 self._potential = self._score(visible=out.visible)
                 phi = self._potential.phi
             reward = self.rewards.step(phi)
+        except SandboxEndedByCommand as e:  # e.g. its container's main process killed
+            return self._agent_ended_sandbox(str(e), tool=name)
         except SandboxError as e:
             return self._infra_failure(f"the agent's sandbox failed: {e}", tool=name)
         except Exception as e:  # a step returns an outcome; a crash of ours is infra's
@@ -461,6 +473,29 @@ class NL2RepoEnv(gym.Env):
             tool=tool, ok=True, error=None, reward=reward, outcome=outcome, grading=grading
         )
         return self._last_obs, reward, submitted, not submitted, info
+
+    def _agent_ended_sandbox(self, reason: str, *, tool: str):
+        """The agent's own command ended its sandbox: the episode ends, scored 0 as an
+        ``agent_error``. Never ``infra_error``, which would leave it out of training and so
+        make breaking the sandbox an escape from a low score."""
+        log.info("agent_error in %s: %s", self.task.id, reason)
+        grading = GradingResult(
+            status="workspace_error",
+            score=0.0,
+            declared=self.task.test_count,
+            reason=f"the agent's command ended its sandbox: {reason}",
+        )
+        self.last_grading = grading
+        reward = self.rewards.final(0.0)
+        self._release()
+        self._done = True
+        self._last_obs = self._observe(
+            f"The episode ended: your command ended the sandbox itself ({reason}). Score 0."
+        )
+        info = self._info(
+            tool=tool, ok=False, error=reason, reward=reward, outcome="agent_error", grading=grading
+        )
+        return self._last_obs, reward, True, False, info
 
     def _infra_failure(self, reason: str, *, tool: str, grading=None):
         log.warning("infra_error in %s: %s", self.task.id if self.task else "?", reason)

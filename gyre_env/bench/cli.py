@@ -113,6 +113,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     from gyre_env._optional import MissingExtraError
     from gyre_env.bench.run import run_bench
+    from gyre_env.sandbox import SandboxError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = config_from_args(args)
@@ -132,6 +133,9 @@ def _bench(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("gyre bench: interrupted; running episodes were cancelled")
         return 130
+    except SandboxError as e:  # the sandboxes, checked before any work
+        print(f"gyre bench: {e}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(run.summary, indent=1))
     bad = run.summary["outcomes"].get("infra_error", 0)

@@ -115,6 +115,7 @@ def run_bench(cfg: BenchConfig) -> BenchRun:
     from gyre_env.proxy.serving import ModelService, ModelServiceConfig
 
     tasks = select_tasks(cfg.tasks, cfg.suite)
+    check_sandboxes(cfg)
     agent = make_agent(cfg)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -160,6 +161,30 @@ def run_bench(cfg: BenchConfig) -> BenchRun:
     print(format_summary(summary))
     print(f"results: {out / 'results.json'}  report: {out / 'report.html'}")
     return BenchRun(results=results, summary=summary, out_dir=out)
+
+
+def check_sandboxes(cfg: BenchConfig) -> None:
+    """Before any work, as ``gyre train`` does: the env's sandbox and grading backends are
+    there (a Docker daemon that answers), and ``auto`` resolving to ``local`` (no daemon,
+    no bubblewrap) is refused (``SandboxError``): the agent's code would run on this host
+    unconfined. Named (``env_kwargs={"sandbox_backend": "local"}``, ``GYRE_SANDBOX=local``)
+    it is allowed. An env that is not an ``NL2RepoEnv`` checks its own sandboxes."""
+    import gymnasium as gym
+
+    import gyre_env  # noqa: F401  (registers the Gyre env ids)
+    from gyre_env.envs.nl2repo.env import NL2RepoConfig
+    from gyre_env.envs.nl2repo.registration import ENTRY_POINT
+    from gyre_env.sandbox import require_isolation
+
+    spec = gym.registry.get(cfg.env_id)
+    if spec is None or spec.entry_point != ENTRY_POINT:
+        return
+    kwargs = {**(spec.kwargs or {}), **cfg.env_kwargs}
+    require_isolation(
+        {f"env_kwargs.{k}": v for k, v in NL2RepoConfig.from_kwargs(**kwargs).backends().items()},
+        command="gyre bench",
+        by_name_hint="GYRE_SANDBOX=local gyre bench ...",
+    )
 
 
 def _write_episodes(results: list[EpisodeResult], path: Path, run: str) -> None:

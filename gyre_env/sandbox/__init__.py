@@ -17,6 +17,7 @@ from gyre_env.sandbox.base import (
     Sandbox,
     SandboxClosedError,
     SandboxConfig,
+    SandboxEndedByCommand,
     SandboxError,
 )
 from gyre_env.sandbox.pool import SandboxPool
@@ -32,11 +33,13 @@ __all__ = [
     "Sandbox",
     "SandboxClosedError",
     "SandboxConfig",
+    "SandboxEndedByCommand",
     "ImageNotFoundError",
     "SandboxError",
     "SandboxPool",
     "choose_backend",
     "make_sandbox",
+    "require_isolation",
 ]
 
 
@@ -77,3 +80,30 @@ def make_sandbox(config: SandboxConfig | None = None, backend: str | None = "aut
     from gyre_env.sandbox.local import LocalSandbox
 
     return LocalSandbox(config)
+
+
+def require_isolation(wanted: dict[str, str], *, command: str, by_name_hint: str) -> None:
+    """Before a run's first episode: every backend in ``wanted`` (``{setting: backend}``)
+    resolves as the env will resolve it, a Docker one has a daemon that answers, and none
+    resolves to ``local`` (which isolates nothing) unless it is asked for by name (the
+    setting says ``local``, or ``GYRE_SANDBOX=local``). ``SandboxError`` names the setting
+    and the fix; ``by_name_hint`` says how ``command`` asks for ``local`` by name."""
+    from gyre_env.sandbox.docker import require_docker
+
+    for key, backend in wanted.items():
+        try:
+            name = choose_backend(backend)
+            if name == "docker":
+                require_docker()
+        except (ValueError, SandboxError) as e:
+            raise SandboxError(f"{key}: {e}") from None
+        by_name = backend == "local" or os.environ.get("GYRE_SANDBOX") == "local"
+        if name == "local" and not by_name:
+            raise SandboxError(
+                f"{key} = {backend!r} resolved to the 'local' sandbox (no Docker daemon "
+                "answers and bubblewrap is not installed), which isolates nothing: "
+                f"{command} refuses to run an agent's code against the host. Start Docker "
+                "(`sudo systemctl start docker`) or install bubblewrap (`apt install "
+                "bubblewrap`); or, knowing the agent's code runs on this machine "
+                f"unconfined, ask for it by name: {by_name_hint}"
+            )

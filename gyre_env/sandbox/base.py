@@ -7,12 +7,14 @@ What a sandbox covers, by backend (see each backend's module docstring for detai
 - ``BwrapSandbox``: bubblewrap namespaces (pid, net, ipc, uts), a read-only view of the
   host's system folders, a private ``/workspace`` and ``/tmp``; memory and pids limits
   through cgroups (prlimit where cgroups are not writable).
-- ``LocalSandbox``: a subprocess in a temporary folder. It isolates nothing.
+- ``LocalSandbox``: a subprocess in a temporary folder. It isolates nothing; it bounds
+  processes with a cgroup where one is writable and ``RLIMIT_NPROC`` (not for root).
 
 After every command (ended or timed out) the processes it left behind are killed: on
 Docker and bubblewrap every process in the sandbox's pid namespace but the shell and
 what ran before the first command (``setsid``, double forks, ``SIGTERM``-proof daemons
-and fork bombs included); on the local backend its process group only. A command run
+and fork bombs included); on the local backend every descendant of its shell, which is a
+child subreaper (``setsid`` and double forks included). A command run
 with ``keep_background=True`` keeps what it leaves (the proxy forwarder, a CLI agent).
 
 What no backend covers: kernel exploits, side channels, and a fork bomb started by a
@@ -45,6 +47,11 @@ class ImageNotFoundError(SandboxError):
     def __init__(self, image: str, message: str):
         super().__init__(message)
         self.image = image
+
+
+class SandboxEndedByCommand(SandboxError):
+    """A command ended the sandbox itself (its container stopped while the command ran):
+    the agent's doing, scored as ``agent_error``, never ``infra_error``."""
 
 
 class SandboxClosedError(SandboxError):

@@ -32,7 +32,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -42,12 +41,12 @@ from gyre_env.sandbox.base import (
     SandboxConfig,
     SandboxError,
 )
+from gyre_env.sandbox.cgroup import CGROUP_ROOT, try_cgroup
 from gyre_env.sandbox.files import ShellSandbox
-from gyre_env.sandbox.shell import PersistentShell, shell_quote
+from gyre_env.sandbox.shell import PersistentShell
 
 log = logging.getLogger(__name__)
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 EVALUATOR_UNSHARE = ("--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try")
 """An evaluator's namespaces: all but the user namespace (and the network one, added
 unless the config asks for a network)."""
@@ -76,88 +75,6 @@ def require_bwrap() -> None:
         )
 
 
-class _Cgroup:
-    """A per-sandbox cgroup with pids and memory limits (v1 controllers or unified v2)."""
-
-    def __init__(self, name: str, pids: int, memory_bytes: int):
-        self.dirs: list[Path] = []
-        if (CGROUP_ROOT / "cgroup.controllers").exists():  # v2
-            parent = CGROUP_ROOT / "gyre"
-            parent.mkdir(exist_ok=True)
-            for level in (CGROUP_ROOT, parent):  # let children use the controllers
-                (level / "cgroup.subtree_control").write_text("+pids +memory")
-            d = parent / name
-            d.mkdir()
-            self.dirs = [d]
-            (d / "pids.max").write_text(str(pids))
-            (d / "memory.max").write_text(str(memory_bytes))
-            (d / "memory.swap.max").write_text("0")
-            self.events = d / "memory.events"
-        else:  # v1
-            pdir, mdir = (
-                CGROUP_ROOT / "pids" / "gyre" / name,
-                CGROUP_ROOT / "memory" / "gyre" / name,
-            )
-            pdir.mkdir(parents=True)
-            self.dirs.append(pdir)
-            mdir.mkdir(parents=True)
-            self.dirs.append(mdir)
-            (pdir / "pids.max").write_text(str(pids))
-            (mdir / "memory.limit_in_bytes").write_text(str(memory_bytes))
-            try:
-                (mdir / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
-            except OSError:
-                pass  # no swap accounting
-            self.events = mdir / "memory.oom_control"
-
-    def enter_prefix(self) -> list[str]:
-        """argv prefix that moves the process into this cgroup, then execs the rest."""
-        moves = "; ".join(f"echo $$ > {shell_quote(str(d / 'cgroup.procs'))}" for d in self.dirs)
-        return ["sh", "-c", f'{moves}; exec "$@"', "gyre-cgroup"]
-
-    def oom_kills(self) -> int:
-        try:
-            for line in self.events.read_text().splitlines():
-                name, _, value = line.partition(" ")
-                if name == "oom_kill":
-                    return int(value)
-        except OSError:
-            pass
-        return 0
-
-    def destroy(self, timeout: float = 5.0) -> None:
-        """Kill what is left in the cgroup, wait until it is empty, then remove it (a
-        cgroup with tasks still exiting refuses rmdir with EBUSY)."""
-        deadline = time.monotonic() + timeout
-        for d in self.dirs:
-            while True:
-                try:
-                    pids = (d / "cgroup.procs").read_text().split()
-                except OSError:
-                    break  # already gone
-                for pid in pids:
-                    try:
-                        os.kill(int(pid), 9)
-                    except ProcessLookupError:
-                        pass
-                try:
-                    d.rmdir()
-                    break
-                except OSError as e:
-                    if time.monotonic() > deadline:
-                        log.warning("could not remove cgroup %s: %s", d, e)
-                        break
-                    time.sleep(0.01)
-
-
-def _try_cgroup(name: str, config: SandboxConfig) -> _Cgroup | None:
-    try:
-        return _Cgroup(name, config.pids, config.memory_mb << 20)
-    except OSError as e:
-        log.warning("cgroups not writable (%s): bubblewrap limits fall back to prlimit", e)
-        return None
-
-
 class BwrapSandbox(ShellSandbox):
     """A bubblewrap sandbox around a persistent bash."""
 
@@ -173,7 +90,9 @@ class BwrapSandbox(ShellSandbox):
         self._closed = False
         self.host_dir = tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{os.getpid()}-")
         os.makedirs(os.path.join(self.host_dir, "workspace"))
-        self.cgroup = _try_cgroup(self.id, self.config)
+        self.cgroup = try_cgroup(
+            self.id, self.config, "bubblewrap limits fall back to prlimit (address space)"
+        )
         lifecycle.track(self)
         try:
             self.shell = PersistentShell(
@@ -279,7 +198,8 @@ class BwrapSandbox(ShellSandbox):
 
 
 def reap(dry_run: bool = False) -> list[str]:
-    """Remove workspaces and cgroups left by bubblewrap sandboxes whose owner died."""
+    """Remove workspaces and cgroups left by bubblewrap sandboxes whose owner died (and
+    empty cgroups of local sandboxes)."""
     removed = []
     tmp = Path(tempfile.gettempdir())
     for d in tmp.glob(f"{WORKSPACE_PREFIX}*"):
@@ -293,7 +213,7 @@ def reap(dry_run: bool = False) -> list[str]:
         if not dry_run:
             shutil.rmtree(d, ignore_errors=True)
     for parent in (CGROUP_ROOT / "gyre", CGROUP_ROOT / "pids/gyre", CGROUP_ROOT / "memory/gyre"):
-        for d in parent.glob("gyre-bwrap-*") if parent.is_dir() else ():
+        for d in parent.glob("gyre-*") if parent.is_dir() else ():  # bwrap's and local's
             try:
                 if not (d / "cgroup.procs").read_text().strip() and not dry_run:
                     d.rmdir()

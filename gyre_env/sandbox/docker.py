@@ -9,6 +9,17 @@ host-usr images) with every folder of task data under them covered by an empty t
 (``hostusr.masks``); labels naming the owner
 process, creation time and TTL so ``reap()`` can remove leaked containers. Does not
 cover: kernel exploits or a daemon shared with untrusted users.
+
+The container must outlive whatever the agent runs: its main process (``docker-init``,
+pid 1, and the ``sleep`` it keeps) is what keeps it running. Pid 1 ignores signals from
+inside its namespace; the ``sleep`` runs as ``nobody`` (65534), and an agent's container
+(not an evaluator's) drops ``CAP_KILL``, ``CAP_SETUID`` and ``CAP_SETGID``, so its root
+(the commands run as root, ``docker exec -u 0``) can signal only its own uid's processes:
+``kill -9 -1`` kills the agent's processes and its shell (started again) but not the
+container. Should a container still stop while an agent command runs (it was not removed
+and the daemon answers), ``exec`` raises ``SandboxEndedByCommand``: the agent's doing,
+scored, not an infrastructure failure. An evaluator container (``evaluator=True``) keeps
+Docker's default capabilities: its grader switches the tests to a fresh uid itself.
 """
 
 from __future__ import annotations
@@ -26,7 +37,9 @@ from gyre_env.sandbox.base import (
     WORKSPACE,
     ExecResult,
     ImageNotFoundError,
+    SandboxClosedError,
     SandboxConfig,
+    SandboxEndedByCommand,
     SandboxError,
 )
 from gyre_env.sandbox.files import ShellSandbox
@@ -36,6 +49,10 @@ log = logging.getLogger(__name__)
 
 LABEL_KIND = "gyre.sandbox"
 MOUNTS_LABEL = "gyre.host_mounts"  # JSON [[host, container], ...] read-only binds an image needs
+KEEPALIVE_USER = "65534:65534"
+"""Who runs the container's main process: nobody, whom an agent's root cannot signal."""
+AGENT_CAP_DROP = ("KILL", "SETUID", "SETGID")
+"""Capabilities an agent's container drops, so that its root cannot end the keep-alive."""
 _client = None
 _client_lock = threading.Lock()
 _reaped = False
@@ -92,8 +109,9 @@ class DockerSandbox(ShellSandbox):
 
     backend = "docker"
 
-    def __init__(self, config: SandboxConfig | None = None):
+    def __init__(self, config: SandboxConfig | None = None, *, evaluator: bool = False):
         self.config = config or SandboxConfig()
+        self.evaluator = evaluator
         self.workspace = WORKSPACE
         self.id = f"gyre-{uuid.uuid4().hex[:12]}"
         self._closed = False
@@ -106,6 +124,8 @@ class DockerSandbox(ShellSandbox):
                     _docker_cli(),
                     "exec",
                     "-i",
+                    "-u",
+                    "0:0",
                     "-w",
                     WORKSPACE,
                     self.container.id,
@@ -145,7 +165,7 @@ class DockerSandbox(ShellSandbox):
             ) from e
         volumes = {host: {"bind": inside, "mode": "ro"} for host, inside in binds}
         try:  # host binds show no task data: an empty read-only tmpfs over each such folder
-            hidden = {path: "ro,size=4k" for path in hostusr.masks(binds)}
+            hidden = {path: hostusr.MASK_OPTIONS for path in hostusr.masks(binds)}
         except ValueError as e:
             raise SandboxError(f"image {cfg.image!r}: {e}") from e
         if cfg.proxy_socket:
@@ -158,6 +178,8 @@ class DockerSandbox(ShellSandbox):
                 name=self.id,
                 detach=True,
                 init=True,
+                user=KEEPALIVE_USER,
+                cap_drop=[] if self.evaluator else list(AGENT_CAP_DROP),
                 network_mode="bridge" if cfg.network else "none",
                 mem_limit=f"{cfg.memory_mb}m",
                 memswap_limit=f"{cfg.memory_mb}m",
@@ -193,6 +215,37 @@ class DockerSandbox(ShellSandbox):
             except OSError:
                 continue
         return 0
+
+    def exec(self, cmd: str, timeout: float = 60.0, cwd=None, env=None, keep_background=False):
+        try:
+            return super().exec(
+                cmd, timeout=timeout, cwd=cwd, env=env, keep_background=keep_background
+            )
+        except SandboxClosedError:
+            raise
+        except SandboxError as e:
+            why = self._stopped_by_itself()
+            if why is None:
+                raise
+            raise SandboxEndedByCommand(f"sandbox {self.id}: {why}") from e
+
+    def _stopped_by_itself(self) -> str | None:
+        """Why the container stopped, if it did so on its own while we held it: it was not
+        closed or removed, the daemon answers, and its state is exited. None otherwise
+        (removed, or the daemon is gone: not the agent's doing)."""
+        if self._closed:
+            return None
+        try:
+            self.container.reload()
+            state = self.container.attrs.get("State", {})
+        except Exception:
+            return None
+        if self.container.status not in ("exited", "dead"):
+            return None
+        return (
+            f"the container stopped while a command ran (main process exit "
+            f"{state.get('ExitCode')}, OOM-killed {bool(state.get('OOMKilled'))})"
+        )
 
     def alive(self) -> bool:
         if self._closed:
@@ -257,7 +310,7 @@ def docker_exec_once(sandbox: DockerSandbox, cmd: str) -> ExecResult:
 
     start = time.monotonic()
     proc = subprocess.run(
-        [_docker_cli(), "exec", sandbox.container.id, "bash", "-c", cmd],
+        [_docker_cli(), "exec", "-u", "0:0", sandbox.container.id, "bash", "-c", cmd],
         capture_output=True,
     )
     return ExecResult(

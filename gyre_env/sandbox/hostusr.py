@@ -134,6 +134,10 @@ def task_data_folders(roots: Iterable[str]) -> list[str]:
     return sorted(f for f in found if not any(f != o and _within(f, o) for o in found))
 
 
+MASK_OPTIONS = "ro,size=4k"
+"""The tmpfs each mask is: empty, read-only, 4 KiB."""
+
+
 def masks(binds: Iterable[tuple[str, str]]) -> list[str]:
     """Container paths to cover with an empty read-only tmpfs so that ``binds``
     (``(host, container)`` pairs) show no task data (``task_data_folders``)."""

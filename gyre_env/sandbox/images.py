@@ -220,9 +220,14 @@ def host_mounts_from_labels(labels: dict | None) -> list[tuple[str, str]]:
 
 
 def docker_run_flags(labels: dict | None) -> list[str]:
-    """The ``docker run`` flags an image needs beyond the usual ones (``-v`` binds)."""
-    return [
-        f for host, inside in host_mounts_from_labels(labels) for f in ("-v", f"{host}:{inside}:ro")
+    """The ``docker run`` flags an image needs beyond the usual ones, as ``DockerSandbox``
+    applies them: its read-only ``-v`` binds, then an empty read-only ``--tmpfs`` over
+    every folder of task data under them on this host (``hostusr.masks``; ``ValueError``
+    when a bind cannot be made without showing task data)."""
+    binds = host_mounts_from_labels(labels)
+    flags = [f for host, inside in binds for f in ("-v", f"{host}:{inside}:ro")]
+    return flags + [
+        f for path in hostusr.masks(binds) for f in ("--tmpfs", f"{path}:{hostusr.MASK_OPTIONS}")
     ]
 
 
@@ -543,5 +548,10 @@ def _cmd_show(args) -> int:
     current = method in METHODS[1:] and recipe == recipe_hash(method)
     state = "the current default recipe" if current else "not the default recipe: stale or --extra"
     print(f"{args.tag}: method {method}, recipe {recipe} ({state})")
-    print("docker run flags:", shlex.join(docker_run_flags(labels)) or "(none)")
+    try:
+        flags = shlex.join(docker_run_flags(labels)) or "(none)"
+    except ValueError as e:  # a bind that would show task data: sandboxes refuse it too
+        print(f"{args.tag}: {e}", file=sys.stderr)
+        return 1
+    print("docker run flags:", flags)
     return 0

@@ -12,12 +12,14 @@ as one statement that runs it as a background job in its own process group, so:
   is started again and the result says ``shell_restarted``.
 
 After every command, ended or timed out, the shell kills what the command left behind
-(``reap``): with ``reap="group"`` (the local backend, which shares the host's processes)
-the command's process group, so a ``setsid`` or double-forked process survives; with
-``reap="namespace"`` or ``"container"`` (bubblewrap and Docker, whose shell has a pid
-namespace of its own) every process in the namespace but the shell and the processes that
-were there before the first command: ``setsid``, double forks, ``SIGTERM``-proof daemons
-and fork bombs included. The sweep uses only bash builtins (no fork: it works with the
+(``reap``): with ``reap="group"`` the command's process group, so a ``setsid`` or
+double-forked process survives; with ``reap="tree"`` (the local backend, which shares the
+host's processes; its shell is a child subreaper, so orphans stay its descendants) every
+descendant of the shell, ``setsid`` and double forks included; with ``reap="namespace"``
+or ``"container"`` (bubblewrap and Docker, whose shell has a pid namespace of its own)
+every process in the namespace but the shell and the processes that were there before the
+first command: ``setsid``, double forks, ``SIGTERM``-proof daemons and fork bombs
+included. The sweep uses only bash builtins (no fork: it works with the
 pids limit exhausted) and first stops every process (``SIGSTOP``, round after round
 until no new one appears, so a fork bomb cannot outrun it), then kills them. A command
 that must leave a process running (the proxy forwarder, a CLI agent) says so with
@@ -54,7 +56,7 @@ from gyre_env.sandbox.base import (
 _TIMEOUT_EXIT = 124
 _READ_CHUNK = 1 << 16
 _SWEEP_TIMEOUT = 30.0  # seconds the shell may take to kill what a command left behind
-REAP_MODES = ("group", "namespace", "container")
+REAP_MODES = ("group", "tree", "namespace", "container")
 
 # Bash (builtins only: no fork) that kills what a command left behind. ``$1``: keep
 # the command's leftovers (and their descendants) instead. Group mode: the process group
@@ -63,7 +65,7 @@ REAP_MODES = ("group", "namespace", "container")
 _REAP_GROUP = r"""
 __gyre_after() { [[ $1 == keep ]] || kill -KILL -- -$! 2>/dev/null; return 0; }
 """
-_REAP_NAMESPACE = r"""
+_REAP_SWEEP = r"""
 declare -A __gyre_keep=() __gyre_roots=()
 __gyre_stat() {
   local s=
@@ -87,8 +89,8 @@ __gyre_sweep() {
     fresh=0
     for p in /proc/[0-9]*; do
       p=${p#/proc/}
-      [[ $p == "$$" || ${__gyre_keep[$p]} || ${hit[$p]} ]] && continue
-      if ((${#__gyre_roots[@]})) && __gyre_kept "$p"; then continue; fi
+      [[ $p == "$$" || ${hit[$p]} ]] && continue
+      __gyre_mine "$p" || continue
       __gyre_stat "$p" && [[ $__gyre_st != Z ]] || continue
       if [[ $__gyre_pp == "$$" ]]; then kill -KILL "$p"; else kill -STOP "$p"; fi 2>/dev/null
       hit[$p]=1 fresh=1
@@ -109,14 +111,49 @@ __gyre_adopt() {
   local p
   for p in /proc/[0-9]*; do
     p=${p#/proc/}
-    [[ $p == "$$" || ${__gyre_keep[$p]} ]] && continue
-    __gyre_stat "$p" && [[ $__gyre_st != Z && $__gyre_pp != "$$" ]] || continue
+    [[ $p == "$$" ]] && continue
+    __gyre_left "$p" || continue
     __gyre_roots[$p]=1
     printf '%s ' "$p"
   done
 }
 __gyre_after() { [[ $1 == keep ]] && __gyre_adopt; __gyre_sweep; }
 """
+# In a pid namespace (bubblewrap, Docker): every process but those there before the first
+# command and what keep_background kept; left behind = not a child of the shell.
+_REAP_NAMESPACE = (
+    _REAP_SWEEP
+    + r"""
+__gyre_mine() {
+  [[ ! ${__gyre_keep[$1]} ]] || return 1
+  ! { ((${#__gyre_roots[@]})) && __gyre_kept "$1"; }
+}
+__gyre_left() {
+  [[ ! ${__gyre_keep[$1]} ]] && __gyre_stat "$1" && [[ $__gyre_st != Z && $__gyre_pp != "$$" ]]
+}
+"""
+)
+# On the host (the local backend): the shell's descendants only, the shell being a child
+# subreaper (orphans of its commands, ``setsid`` or double-forked, are re-parented to it,
+# not to init), bar what keep_background kept; everything else on the host is not looked at.
+_REAP_TREE = (
+    _REAP_SWEEP
+    + r"""
+__gyre_below() {
+  local p=$1 d
+  for ((d = 0; d < 64; d++)); do
+    [[ ${__gyre_roots[$p]} ]] && return 1
+    __gyre_stat "$p" || return 1
+    [[ $__gyre_pp == "$$" ]] && return 0
+    ((__gyre_pp > 1)) || return 1
+    p=$__gyre_pp
+  done
+  return 1
+}
+__gyre_mine() { __gyre_below "$1"; }
+__gyre_left() { __gyre_below "$1" && __gyre_stat "$1" && [[ $__gyre_st != Z ]]; }
+"""
+)
 
 
 def _markers(token: str, rc: str | int) -> str:
@@ -232,9 +269,10 @@ class PersistentShell:
         reap: str = "group",
     ):
         """``reap``: how the processes a command leaves behind are found (see the module
-        docstring): ``group``; ``namespace`` (each start of ``argv`` makes a new pid
-        namespace: bubblewrap); ``container`` (one namespace that outlives the shell:
-        ``docker exec``)."""
+        docstring): ``group``; ``tree`` (the shell's descendants: ``argv`` must make the
+        shell a child subreaper, as the local backend does); ``namespace`` (each start of
+        ``argv`` makes a new pid namespace: bubblewrap); ``container`` (one namespace that
+        outlives the shell: ``docker exec``)."""
         if reap not in REAP_MODES:
             raise ValueError(f"reap must be one of {REAP_MODES}, got {reap!r}")
         self.reap = reap
@@ -276,15 +314,21 @@ class PersistentShell:
             self._starting = False
         if result.exit_code != 0:
             raise SandboxError(f"sandbox shell did not start: {result.stderr.strip()[:500]}")
-        if self.reap != "group" and (self._keep is None or self.reap == "namespace"):
+        if self.reap in ("namespace", "container") and (
+            self._keep is None or self.reap == "namespace"
+        ):
             self._keep = _pids(result.stdout)
             self._roots = set()
 
     def _startup(self) -> str:
         """The first statement of a shell: job control (each background job gets its own
         process group) and the reaper; in a pid namespace, the processes to keep."""
+        # A pipe that never has data: ``read -t`` on it is the sweep's sleep (no fork).
+        idle = "exec {__gyre_idle}<> <(:)"
         if self.reap == "group":
             return f"set -m; {_REAP_GROUP}\ntrue"
+        if self.reap == "tree":  # a new shell: what the old one kept is no descendant of it
+            return f"set -m; {_REAP_TREE}\n{idle}\ntrue"
         if self._keep is None or self.reap == "namespace":
             # A fresh namespace: what runs before any command (init, the container's main
             # process) is kept; the shell prints it for the host to remember.
@@ -296,8 +340,6 @@ class PersistentShell:
             kept = " ".join(f"[{p}]=1" for p in self._keep)
             roots = " ".join(f"[{p}]=1" for p in sorted(self._roots))
             keep = f"__gyre_keep=({kept}); __gyre_roots=({roots}); __gyre_sweep"
-        # A pipe that never has data: ``read -t`` on it is the sweep's sleep (no fork).
-        idle = "exec {__gyre_idle}<> <(:)"
         return f"set -m; {_REAP_NAMESPACE}\n{keep}\n{idle}\ntrue"
 
     def close(self) -> None:

@@ -328,6 +328,8 @@ class RayCoreStep:
         tokens = sum(p["tokens"] for p in parts)
         return {
             "loss": sum(p["loss"] for p in parts), "tokens": tokens,
+            # loss tokens past the loss's max_staleness, weighted 0 (as ``CoreStep`` sums)
+            "stale_tokens": sum(p.get("stale_tokens", 0.0) for p in parts),
             "grad_norm": parts[0]["grad_norm"], "lr": parts[0]["lr"], "step_s": seconds,
             "shares": len(ranks), "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
         }  # fmt: skip

@@ -19,21 +19,27 @@ This script, before any agent-written code runs:
    (``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``, a private ``PYTHONUSERBASE`` for ``pip install``,
    no network index), each report path deleted just before its command, every process of
    the uid killed after it, so nothing the install step started can write a report later;
-5. gives each reporting test command (one with a report path) the verdict channel: a key
-   (from ``keys.json``, which the host wrote and this script deletes before anything else
-   runs) on a pipe that the pytest launcher reads once and closes, and a second pipe on
-   which the launcher's plugin streams signed records; this script keeps what arrives in
-   a root-owned ``reports/verdict-<i>.jsonl`` for the host to verify (the JUnit file the
-   command names is never written: the launcher drops the option);
+5. gives each reporting test command (one with a report path) the verdict channel: a
+   pipe on which the pytest launcher's relay streams pytest's events (the JUnit file the
+   command names is never written: the launcher drops the option). This script reads it
+   while the command runs, keeps what arrived in a root-owned
+   ``reports/verdict-<i>.jsonl`` and MACs those bytes with the command's key (from
+   ``keys.json``, which the host wrote and this script deletes before anything else
+   runs; no key ever reaches a process that runs workspace code), so the host knows the
+   bytes are the ones this process received;
 6. prints a JSON summary on stdout.
 
 When the uid cannot be used (not root, or the interpreter is not readable by others, as
 with a Python under /root on a bare host) the commands run as the current user and the
-summary says ``"privilege_drop": false``.
+summary says ``"privilege_drop": false``; unless the plan says ``require_drop`` (an
+evaluator that holds capabilities only for the drop: bubblewrap's), which then runs no
+command and prints ``{"refused": reason}`` instead.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -72,6 +78,11 @@ def main(plan_path: str) -> int:
     uid = _pick_uid() if plan.get("privilege_drop", True) else None
     if uid is not None and not _can_run_as(uid, python, grader):
         uid = None
+    if uid is None and plan.get("require_drop"):
+        # This evaluator holds capabilities (bubblewrap's, for the drop): the workspace's
+        # code must never run with them. No test runs; the host reports an infra_error.
+        print(json.dumps({"refused": _refusal(python, os.geteuid())}))
+        return 3
     if uid is not None:
         _own(repo, uid, hidden_files)
         for d in (out, home, userbase, tmp):
@@ -93,17 +104,19 @@ def main(plan_path: str) -> int:
         if report:
             conftests = [os.path.join(repo, f) for f in hidden_files if _is_conftest(f)]
             grant = {**grants[i], "conftests": conftests}
-        channel = _Channel(grant) if grant else None
+        channel = _Channel(grant["conftests"]) if grant else None
         result = _run(step["command"], repo, env, uid, max(left, 0.5), channel)
         if uid is not None:
             _kill_uid(uid, python)
-        result["report"] = None
+        result["report"] = result["verdict_mac"] = None
         if channel is not None:
+            data = channel.finish()
             final = os.path.join(grader, "reports", f"verdict-{i}.jsonl")
             os.makedirs(os.path.dirname(final), exist_ok=True)
             with open(final, "wb") as fh:
-                fh.write(channel.finish())
+                fh.write(data)
             result["report"] = os.path.relpath(final, plan["workspace"])
+            result["verdict_mac"] = _stream_mac(grant, data)
         results.append(result)
     print(
         json.dumps(
@@ -111,6 +124,26 @@ def main(plan_path: str) -> int:
         )
     )
     return 0
+
+
+def _refusal(python: str, euid: int) -> str:
+    if euid != 0:
+        return (
+            f"the evaluator runs as uid {euid}, not root: it cannot switch to an "
+            "unprivileged uid, and refuses to run the tests with its capabilities"
+        )
+    return (
+        f"no unprivileged uid could run {python} -I -c 'import pytest' (is the "
+        "interpreter, or a folder above it, unreadable by other users?): the evaluator "
+        "refuses to run the tests as root with its capabilities"
+    )
+
+
+def _stream_mac(grant: dict, data: bytes) -> str:
+    """What ``gyre_env.scoring.verdict.stream_mac`` checks: the run's nonce, the command's
+    index and the bytes received, under the command's key."""
+    head = f"{grant['nonce']}:{grant['index']}:".encode()
+    return hmac.new(bytes.fromhex(grant["key"]), head + data, hashlib.sha256).hexdigest()
 
 
 def _take_keys(path: str) -> list[dict]:
@@ -126,13 +159,11 @@ def _is_conftest(rel: str) -> bool:
 
 
 class _Channel:
-    """The two pipes of one command's verdict: the key (read once by the launcher) and
-    the signed records (read here, while the command runs)."""
+    """The pipe of one command's verdict: the launcher's relay writes pytest's events, this
+    process reads them while the command runs. Nothing secret goes the other way."""
 
-    def __init__(self, grant: dict):
-        self.key_r, key_w = os.pipe()
-        os.write(key_w, json.dumps(grant).encode())  # a few hundred bytes: fits the pipe
-        os.close(key_w)
+    def __init__(self, conftests: list[str]):
+        self.conftests = conftests
         self.out_r, self.out_w = os.pipe()
         self.data = bytearray()
         self.overflow = False
@@ -140,11 +171,13 @@ class _Channel:
         self._reader = threading.Thread(target=self._pump, daemon=True)
 
     def env(self) -> dict:
-        return {"GYRE_GRADER_KEY_FD": str(self.key_r), "GYRE_GRADER_VERDICT_FD": str(self.out_w)}
+        return {
+            "GYRE_GRADER_VERDICT_FD": str(self.out_w),
+            "GYRE_GRADER_CONFTESTS": json.dumps(self.conftests),
+        }
 
     def started(self) -> None:
-        """The command holds its ends now; this process keeps only the records' reader."""
-        os.close(self.key_r)
+        """The command holds its end now; this process keeps only the records' reader."""
         os.close(self.out_w)
         self._reader.start()
 
@@ -352,7 +385,7 @@ def _command_env(grader: str, home: str, userbase: str, tmp: str, ini: str) -> d
 
 def _run(command: str, cwd: str, env: dict, uid: int | None, timeout: float, channel=None) -> dict:
     start = time.monotonic()
-    fds = (channel.key_r, channel.out_w) if channel is not None else ()
+    fds = (channel.out_w,) if channel is not None else ()
     proc = subprocess.Popen(
         ["bash", "-c", command],
         cwd=cwd,

@@ -12,41 +12,32 @@ pytest runs with the grader's config file (``-c``), rootdir and confcutdir pinne
 workspace, no cache, plugin autoload off (set by the grader's environment) and xunit1
 JUnit reports (they carry each case's file).
 
-The verdict does not come from the JUnit file. When the grader hands this process a key
-(an inherited pipe, ``GYRE_GRADER_KEY_FD``, read and closed here before pytest imports
-any workspace code), the ``--junitxml`` option is taken out of the arguments (no report
-file is written, nothing names one) and ``_Verdict`` streams one signed record per test
-case to another inherited pipe (``GYRE_GRADER_VERDICT_FD``): a ``start`` record, each
-case as pytest's JUnit writer would classify it, and a ``finish`` record with the count.
-Each record carries the run's nonce, the command's index and a sequence number under an
-HMAC-SHA256 whose key the workspace never sees in a file, argument, variable or pipe.
-The host (``gyre_env.scoring.verdict``) accepts only an unbroken signed sequence that
-ends in ``finish``.
+The verdict does not come from the JUnit file, nor from this process. When the grader
+hands it a pipe (``GYRE_GRADER_VERDICT_FD``, taken out of the environment before pytest
+imports any workspace code), the ``--junitxml`` option is taken out of the arguments (no
+report file is written, nothing names one) and ``_Relay`` streams pytest's own events to
+that pipe as they happen: a ``start`` record, every phase report (setup, call, teardown)
+and every failed or skipped collection, raw (outcome, message, node id), and a ``finish``
+record with their count. This process holds no key and decides nothing: the evaluator's
+root process reads the pipe while the command runs and authenticates what it received for
+the host, and the host (``gyre_env.scoring.verdict``) turns the events into cases and
+checks them. ``verdict`` says what that does and does not guarantee.
 
-What this covers, for code that runs inside this process (the agent's modules, imported
-by the hidden tests): a report file written at any path; exiting early (``os._exit``,
-``sys.exit``, a signal) or late (``atexit``), which leaves no ``finish`` record; anything
-written to the verdict pipe without the key, or records dropped, reordered or replayed
-from another run or command; plugins registered at run time (e.g. found through ``gc``
-and ``config.pluginmanager``); outcomes changed on report objects after they were
-recorded; pytest's and pluggy's functions, classes and methods replaced (and this
-file's own), checked against a snapshot taken before collection at each collection
-report and after each test's teardown (so a test's own ``monkeypatch`` is undone by
-then); the few functions the verdict itself writes with (``os.write``, JSON quoting, the
-HMAC) are bound before collection. Any of those is answered with a signed ``tampered``
-record and no ``finish``. (A hidden suite that patches pytest itself and leaves it so
-would read as tampering.)
-
-What it does not cover: code in this process can read this process's memory. Code that
-finds ``_Verdict`` (through ``gc``) and calls its signer, or that patches pytest for
-exactly one call and restores it before the next report, can still forge records; so
-can an object whose ``__eq__`` always answers True (a weakness of a test, not of the
-grader). Those need a deliberate attack on this file; the grader's other layers (a fresh
-uid, hidden tests it cannot change, a report it cannot reach) still hold.
+The relay also watches for the generic ways to interfere from inside (a tripwire, not a
+guarantee): plugins registered at run time (found through ``gc`` and
+``config.pluginmanager``); pytest's and pluggy's functions, classes and methods replaced,
+and this file's own, checked against a snapshot taken before collection at each
+collection report and after each test's teardown (so a test's own ``monkeypatch`` is
+undone by then); the few functions the relay writes with (``os.write``, JSON quoting) are
+bound before collection. Any of those is answered with a ``tampered`` record and no
+``finish``. (A hidden suite that patches pytest itself and leaves it so would read as
+tampering.) Code in this process can still write records itself or patch for one call:
+see ``verdict``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import types
@@ -69,8 +60,6 @@ WATCHED = ("pytest", "_pytest", "pluggy")
 
 def _image_plugins() -> list[str]:
     """The plugin modules to load: the grader's list, else the image's entry points."""
-    import json
-
     if os.environ.get("GYRE_GRADER_PLUGINS") is not None:
         names = json.loads(os.environ["GYRE_GRADER_PLUGINS"])
         for module in names:
@@ -181,34 +170,6 @@ def _pth_paths(pth: str, site: str) -> list[str]:
     return out
 
 
-def _take_grant() -> dict | None:
-    """The grader's key message (read once from its pipe, which is then closed), or None
-    when this launcher is not the one that reports (no key fd, or the key already taken)."""
-    import json
-
-    fd_text = os.environ.pop("GYRE_GRADER_KEY_FD", None)
-    if fd_text is None:
-        return None
-    fd = int(fd_text)
-    data = b""
-    try:
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            data += chunk
-    except OSError:
-        return None
-    finally:
-        try:
-            _close(fd)
-        except OSError:
-            pass
-    if not data.strip():
-        return None
-    return json.loads(data)
-
-
 def _strip_junit(args: list[str]) -> tuple[list[str], bool]:
     """``args`` without any ``--junitxml`` option; True if there was one."""
     out, found, skip = [], False, False
@@ -298,17 +259,6 @@ class _Fingerprint:
         return None
 
 
-def _junit_names(nodeid: str) -> tuple[str, str]:
-    """(classname, name) exactly as pytest's xunit1 JUnit writer mangles a node id."""
-    path, bracket, params = nodeid.partition("[")
-    names = path.split("::")
-    names[0] = names[0].replace("/", ".")
-    if names[0].endswith(".py"):
-        names[0] = names[0][:-3]
-    names[-1] += bracket + params
-    return ".".join(names[:-1]), names[-1]
-
-
 def _longrepr(report, limit: int = 4000) -> str:
     try:
         text = str(report.longrepr) if report.longrepr is not None else ""
@@ -317,27 +267,15 @@ def _longrepr(report, limit: int = 4000) -> str:
     return text if len(text) <= limit else text[: limit // 2] + "\n[...]\n" + text[-limit // 2 :]
 
 
-class _Verdict:
-    """The pytest plugin that streams the signed verdict (see the module docstring)."""
+class _Relay:
+    """The pytest plugin that streams pytest's events to the grader (see the module
+    docstring): raw reports, no key, no verdict."""
 
-    def __init__(self, grant: dict, fd: int):
-        key = bytes.fromhex(grant["key"])
-        grant["key"] = None
-        try:  # a C object: its methods cannot be patched
-            from _hashlib import hmac_new
-
-            self._mac = hmac_new(key, digestmod="sha256")
-        except ImportError:  # a Python without OpenSSL
-            import hashlib
-            import hmac
-
-            self._mac = hmac.new(key, digestmod=hashlib.sha256)
+    def __init__(self, fd: int, conftests: list[str]):
         self._fd = fd
-        self._base = {"n": grant["nonce"], "c": int(grant["index"])}
-        self._conftests = {os.path.realpath(p) for p in grant.get("conftests", [])}
+        self._conftests = {os.path.realpath(p) for p in conftests}
         self._seq = 0
         self._sent = 0
-        self._phases: dict[str, dict] = {}
         self._dead = False
         self._plugins: list | None = None
         self._fingerprint: _Fingerprint | None = None
@@ -349,11 +287,7 @@ class _Verdict:
     def _emit(self, kind: str, **fields) -> None:
         if self._dead:
             return
-        body = _serialize({**fields, **self._base, "i": self._seq, "k": kind}).encode()
-        mac = self._mac.copy()
-        mac.update(body)
-        line = b'{"m":"' + mac.hexdigest().encode() + b'","r":' + _quote(body.decode()).encode()
-        line += b"}\n"
+        line = (_serialize({**fields, "i": self._seq, "k": kind}) + "\n").encode()
         self._seq += 1
         while line:
             try:
@@ -402,53 +336,39 @@ class _Verdict:
 
     def pytest_collectreport(self, report) -> None:
         if self._check(self._config) and not report.passed and report.nodeid:
-            classname, name = _junit_names(report.nodeid)
-            outcome = "error" if report.failed else "skipped"
-            self._case(classname, name, report.nodeid.split("::")[0], outcome, _longrepr(report))
+            self._sent += 1
+            self._emit(
+                "collect",
+                nodeid=report.nodeid,
+                file=report.nodeid.split("::")[0],
+                outcome=report.outcome,
+                message=_longrepr(report),
+            )
 
     def pytest_runtest_logreport(self, report) -> None:
-        phases = self._phases.setdefault(report.nodeid, {})
-        phases[report.when] = (report.outcome, _longrepr(report))
-        if report.when == "teardown":
-            self._phases.pop(report.nodeid)
-            if not self._check(self._config):
-                return
-            outcome, message = _junit_outcome(phases)
-            classname, name = _junit_names(report.nodeid)
-            self._case(classname, name, report.location[0], outcome, message)
-
-    def _case(self, classname: str, name: str, file: str, outcome: str, message: str) -> None:
+        if report.when == "teardown" and not self._check(self._config):
+            return
         self._sent += 1
         self._emit(
-            "case", classname=classname, name=name, file=file, outcome=outcome, message=message
+            "phase",
+            nodeid=report.nodeid,
+            file=report.location[0],
+            when=report.when,
+            outcome=report.outcome,
+            message=_longrepr(report),
         )
 
     def pytest_sessionfinish(self, session, exitstatus) -> None:
         if self._check(session.config):
-            self._emit("finish", cases=self._sent, exit=int(exitstatus))
+            self._emit("finish", reports=self._sent, exit=int(exitstatus))
         self._dead = True
 
 
-def _junit_outcome(phases: dict) -> tuple[str, str]:
-    """One case's outcome from its setup/call/teardown reports, as the JUnit file has it
-    once ``parse_junit`` reads it (an error wins, then a failure, then a skip)."""
-    setup, call, teardown = (phases.get(w, ("passed", "")) for w in ("setup", "call", "teardown"))
-    if setup[0] == "failed":
-        return "error", setup[1]
-    if setup[0] == "skipped":
-        return "skipped", setup[1]
-    if call[0] == "failed":
-        return "failed", call[1]
-    if teardown[0] == "failed":
-        return "error", teardown[1]
-    if call[0] == "skipped":
-        return "skipped", call[1]
-    return "passed", ""
-
-
 def main() -> int:
-    grant = _take_grant()  # first: nothing of the workspace has run yet
+    # First, before anything of the workspace runs: the channel leaves the environment
+    # (a pytest started by a test does not report), only this process keeps it.
     verdict_fd = os.environ.pop("GYRE_GRADER_VERDICT_FD", None)
+    conftests = json.loads(os.environ.pop("GYRE_GRADER_CONFTESTS", "[]"))
     args, reports = _strip_junit(list(sys.argv[1:]))
     sys.argv[1:] = args
     import pytest
@@ -466,10 +386,10 @@ def main() -> int:
     for module in plugins:
         args += ["-p", module]
     extra = []
-    if reports and grant is not None and verdict_fd is not None:
+    if reports and verdict_fd is not None:
         fd = int(verdict_fd)
         os.set_inheritable(fd, False)  # not handed to processes the tests start
-        extra.append(_Verdict(grant, fd))
+        extra.append(_Relay(fd, conftests))
     return int(pytest.main(args, plugins=extra))
 
 

@@ -7,14 +7,14 @@ hidden tests) in it, runs the task's test commands through bash (see
 verdict: score = passed / declared, capped at 1, counting only cases from the hidden test
 files.
 
-The verdict comes from outside the agent's reach, not from a file the tested code could
-write: the host makes a key per command, the evaluator hands it to the grader's pytest
-launcher on a pipe, and the launcher's plugin streams signed records of each case and a
-final ``finish`` record (``_pytest_launcher`` says what that does and does not cover;
-``verdict`` checks the stream). A stream that is not entirely the plugin's, or in which
-the plugin saw its runner patched, is *tampered*: ``status="workspace_error"``,
-``tampered=True``, score 0, with no control run (nothing but the workspace's code writes
-to that pipe). Not ``infra_error``: that would drop the episode from training and so
+The verdict is decided outside the tested process, not read from a file the tested code
+could write: the grader's pytest launcher relays pytest's events over a pipe to the
+evaluator's root process, which MACs the bytes it received with a per-command key the
+host made (the key never enters a process that runs workspace code), and the host
+derives the cases from those events itself (``verdict`` says what that does and does not
+guarantee). A stream that is not entirely the relay's, or in which the relay saw its
+runner patched, is *tampered*: ``status="workspace_error"``, ``tampered=True``, score 0,
+with no control run (nothing but the workspace's code interferes with that pipe). Not ``infra_error``: that would drop the episode from training and so
 reward the attempt by hiding its failure. A stream that just stops (``os._exit``, a
 crash) has no ``finish`` record and is *suspect*, like a missing report.
 
@@ -53,7 +53,7 @@ from pathlib import Path
 from gyre_env.scoring._pytest_launcher import _junit_names
 from gyre_env.scoring.junit import TestCase, TestCounts, select_cases
 from gyre_env.scoring.rewards import quantize
-from gyre_env.scoring.verdict import VerdictError, VerdictTampered, read_verdict
+from gyre_env.scoring.verdict import VerdictError, VerdictTampered, check_stream, read_verdict
 from gyre_env.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,11 @@ class CommandRun:
     duration_s: float
     output: str
     report: str | None
-    """Workspace-relative path in the evaluator of the command's signed verdict stream (a
-    root-owned copy of what the grader's plugin sent), or None for a command without one."""
+    """Workspace-relative path in the evaluator of the command's verdict stream (a
+    root-owned copy of the events the grader's relay sent), or None for a command without
+    one."""
+    verdict_mac: str | None = None
+    """The evaluator's MAC of those bytes (``verdict.check_stream``)."""
 
 
 @dataclass(kw_only=True)
@@ -358,13 +361,19 @@ def _grade_once(task: Task, workspace: str | Path | None, config: GradingConfig)
 
 
 def _evaluator(sandbox_config, backend: str):
-    """A fresh evaluator sandbox; on bubblewrap one that can drop privileges like Docker's."""
+    """A fresh evaluator sandbox, one that can drop privileges (bubblewrap's and Docker's
+    evaluators keep the capabilities for it that an agent's sandbox does not get)."""
     from gyre_env.sandbox import choose_backend, make_sandbox
 
-    if choose_backend(backend) == "bwrap":
+    name = choose_backend(backend)
+    if name == "bwrap":
         from gyre_env.sandbox.bwrap import BwrapSandbox
 
         return BwrapSandbox(sandbox_config, evaluator=True)
+    if name == "docker":  # keeps the capabilities its grader drops privileges with
+        from gyre_env.sandbox.docker import DockerSandbox
+
+        return DockerSandbox(sandbox_config, evaluator=True)
     return make_sandbox(sandbox_config, backend)
 
 
@@ -392,6 +401,10 @@ def _run_in(sandbox, task: Task, workspace, config: GradingConfig) -> GradingRes
             "remove": list(task.remove_before_grading),
             "timeout_s": timeout,
             "privilege_drop": config.privilege_drop,
+            # bubblewrap's evaluator holds capabilities only for the drop: without the
+            # drop it runs nothing (Docker's runs as the container's root, as before)
+            "require_drop": sandbox.backend == "bwrap"
+            and bool(getattr(sandbox, "evaluator", False)),
             "pytest_plugins": config.pytest_plugins,
             "commands": [{"command": c.command, "report": c.junit_path} for c in commands],
         }
@@ -408,6 +421,13 @@ def _run_in(sandbox, task: Task, workspace, config: GradingConfig) -> GradingRes
             score=0.0,
             declared=task.test_count,
             reason=f"the grader crashed (exit {proc.exit_code}): {proc.output[-2000:]}",
+        )
+    if "refused" in summary:  # before any of the workspace's code ran: not its doing
+        return GradingResult(
+            status="infra_error",
+            score=0.0,
+            declared=task.test_count,
+            reason=f"the {sandbox.backend} evaluator refused to grade: {summary['refused']}",
         )
     return _score(sandbox, task, summary, keys, f"{ws}/repo")
 
@@ -444,7 +464,8 @@ def _score(sandbox, task: Task, summary: dict, keys: _Keys, repo: str) -> Gradin
             continue
         data = sandbox.read_file(run.report)
         try:
-            cases += read_verdict(data, key=keys.keys[i], nonce=keys.nonce, index=i, rootdir=repo)
+            check_stream(data, key=keys.keys[i], nonce=keys.nonce, index=i, mac=run.verdict_mac)
+            cases += read_verdict(data, rootdir=repo)
         except VerdictTampered as e:
             tampering.append(f"`{run.command}`: {e}")
         except VerdictError as e:

@@ -491,39 +491,19 @@ class TrainConfig:
         the env will resolve it, and resolving to ``local`` (no daemon, no bubblewrap) is
         refused: a policy trained against an unisolated workspace can reach the host.
         ``sandbox_backend = "local"`` (or ``GYRE_SANDBOX=local``) asks for it by name."""
-        import os
-
         env = self._env_config()
         if env is None:
             return
-        from gyre_env.sandbox import SandboxError, choose_backend
-        from gyre_env.sandbox.docker import require_docker
+        from gyre_env.sandbox import SandboxError, require_isolation
 
-        grading = env.grading.backend
-        wanted = {
-            "tasks.env_kwargs.sandbox_backend": env.sandbox_backend,
-            "tasks.env_kwargs.grading.backend": env.sandbox_backend
-            if grading == "auto"
-            else grading,
-        }
-        for key, backend in wanted.items():
-            try:
-                name = choose_backend(backend)
-                if name == "docker":
-                    require_docker()
-            except (ValueError, SandboxError) as e:
-                raise ConfigError(f"{key}: {e}") from None
-            by_name = backend == "local" or os.environ.get("GYRE_SANDBOX") == "local"
-            if name == "local" and not by_name:
-                raise ConfigError(
-                    f"{key} = {backend!r} resolved to the 'local' sandbox (no Docker daemon "
-                    "answers and bubblewrap is not installed), which isolates nothing: "
-                    "gyre train refuses to train a policy against the host. Start Docker "
-                    "(`sudo systemctl start docker`) or install bubblewrap (`apt install "
-                    "bubblewrap`); or, knowing the agent's code runs on this machine "
-                    "unconfined, ask for it by name: --set "
-                    "tasks.env_kwargs.sandbox_backend='local'"
-                )
+        try:
+            require_isolation(
+                {f"tasks.env_kwargs.{k}": v for k, v in env.backends().items()},
+                command="gyre train",
+                by_name_hint="--set tasks.env_kwargs.sandbox_backend='local'",
+            )
+        except SandboxError as e:
+            raise ConfigError(str(e)) from None
 
     def _check_agent_tools(self) -> None:
         """mini-swe-agent acts only through a ``bash`` tool: refuse an env that has none

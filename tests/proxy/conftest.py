@@ -1,4 +1,5 @@
-"""Fixtures for proxy tests: the built-in tiny tokenizer and a proxy started in-process.
+"""Fixtures for proxy tests (``start_proxy``, a proxy started in-process, is in
+``tests/conftest.py``: the security tests use it too).
 
 The engine in most tests is ``ScriptedEngine`` (our own, real code: it answers scripted ids
 instantly) so that tool calls, UTF-8 splits and stop strings happen deterministically;
@@ -9,9 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gyre_env.proxy.records import JsonlSink, read_jsonl
 from gyre_env.proxy.scripted import ScriptedEngine
-from gyre_env.proxy.server import ProxyConfig, ProxyServer
 
 BASH_TOOL = {
     "type": "function",
@@ -30,20 +29,6 @@ BASH_TOOL = {
 @pytest.fixture
 def bash_tool() -> dict:
     return BASH_TOOL
-
-
-class Started:
-    """A running proxy plus its records file."""
-
-    def __init__(self, server: ProxyServer, path):
-        self.server = server
-        self.path = path
-
-    def records(self):
-        return read_jsonl(self.path)
-
-    def __getattr__(self, name):
-        return getattr(self.server, name)
 
 
 @pytest.fixture
@@ -69,24 +54,6 @@ def embedded():
     engine = EmbeddedEngine(max_batch_size=4)
     yield engine
     engine.close()
-
-
-@pytest.fixture
-def start_proxy(tok, tmp_path):
-    servers = []
-
-    def start(engines, **config) -> Started:
-        path = tmp_path / f"records-{len(servers)}.jsonl"
-        config.setdefault("verify_render", True)
-        server = ProxyServer(
-            ProxyConfig(**config), engines=list(engines), tokenizer=tok, sink=JsonlSink(path)
-        )
-        servers.append(server.start())
-        return Started(server, path)
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -128,6 +128,8 @@ def test_elastic_driver_on_ray_cells(tiny_path, tokenizer, local_ray, two_ray_st
         assert len({e.pid for e in engines} | {os.getpid()}) == 3, "each in its own process"
         assert [e.node_id for e in engines] == [table["bundles_to_node_id"][i] for i in (0, 1)]
         result = two_ray_steps(pool, book, timeout_s=120)
+        # the ranks' stale-token counts reach the driver, as the local cells' do
+        assert all(s["stale_tokens"] == 0.0 for s in result.steps), result.steps
         assert pool.group.call("has_optimizer_state") == [True, False]
         moved = [r.migration for r in result.switches if r.migration is not None]
         assert all(m.transport == "ray object store (via the driver)" for m in moved)

@@ -330,3 +330,50 @@ def test_a_root_inside_task_data_is_refused_by_name(tmp_path, monkeypatch):
     monkeypatch.setenv("GYRE_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ValueError, match=r"refusing to bind .*/cache/venv into a sandbox"):
         hostusr.task_data_folders([str(tmp_path / "cache" / "venv")])
+
+
+@pytest.mark.docker
+def test_images_show_prints_the_task_data_masks_with_the_binds(tmp_path, monkeypatch, capsys):
+    """``gyre images show`` prints the flags a sandbox really gets: each read-only bind,
+    then an empty read-only tmpfs over every folder of task data under it; and refuses by
+    name a bind that cannot be made without showing task data."""
+    import io
+    import tarfile
+
+    from gyre_env.cli import main
+    from gyre_env.sandbox import images
+    from gyre_env.sandbox.docker import docker_client
+
+    prefix = tmp_path / "prefix"
+    _tree(prefix, "lib/python3.9/site-packages/gyre_env/tasks/builtin/t/gold/a.py")
+    monkeypatch.setenv("GYRE_CACHE", str(prefix / "cache"))
+    (prefix / "cache").mkdir()
+    empty = io.BytesIO()
+    tarfile.open(fileobj=empty, mode="w").close()
+    tag = f"gyre-test-show-{uuid.uuid4().hex[:8]}:x"
+    mounts = json.dumps([[str(prefix), "/opt/py"]])
+    client = docker_client()
+    client.api.import_image(
+        src=empty.getvalue(),
+        repository=tag.split(":")[0],
+        tag="x",
+        changes=[f"LABEL {images.LABEL_HOST_MOUNTS}={json.dumps(mounts)}"],
+    )
+    try:
+        assert main(["images", "show", "--tag", tag]) == 0
+        out = capsys.readouterr().out
+        flags = out.split("docker run flags: ", 1)[1].split()
+        assert flags == [
+            "-v",
+            f"{prefix}:/opt/py:ro",
+            "--tmpfs",
+            "/opt/py/cache:ro,size=4k",
+            "--tmpfs",
+            "/opt/py/lib/python3.9/site-packages/gyre_env:ro,size=4k",
+        ], out
+        monkeypatch.setenv("GYRE_CACHE", str(prefix))  # the bound prefix is now task data
+        assert main(["images", "show", "--tag", tag]) == 1
+        err = capsys.readouterr().err
+        assert f"refusing to bind {prefix} into a sandbox" in err, err
+    finally:
+        client.images.remove(tag, force=True)

@@ -391,3 +391,48 @@ def test_a_workspace_that_cannot_be_copied_out_is_the_agents_failure(task_dir):
         assert "could not be copied out" in info["grading"]["reason"], info["grading"]
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_killing_every_process_it_may_leaves_the_sandbox_answering(task_dir, backend):
+    """``kill -9 -1`` as the agent's root. On Docker it used to kill the container's
+    keep-alive: the container stopped and the episode became an ``infra_error`` (left out
+    of training: an escape from a low score). Now the keep-alive runs as another uid the
+    agent's container lacks the capabilities to signal; the shell is started again."""
+    obs = attack_then_check(task_dir, backend, "sleep 0.5; kill -9 -1; echo after", 20)
+    assert "new shell was started" in obs or "after" in obs, obs[-2000:]
+
+
+def _docker(*args: str) -> None:
+    subprocess.run(["docker", *args], capture_output=True, timeout=60)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize(
+    "stop, outcome",
+    [
+        # nobody (the keep-alive's uid) kills its own processes: the container's main
+        # process exits and the container stops, as when a command still finds a way to
+        # end its own sandbox (the one known way, above, no longer does)
+        (("exec", "-u", "65534:65534", "{cid}", "kill", "-9", "-1"), "agent_error"),
+        # removed from outside (an operator, a reaper): not the agent's doing
+        (("rm", "-f", "{cid}"), "infra_error"),
+    ],
+)
+def test_a_container_that_stops_under_a_command_is_the_agents_error(task_dir, stop, outcome):
+    import threading
+
+    env = make_env(task_dir, "docker")
+    try:
+        env.reset(seed=0)
+        cid = env.unwrapped.sandbox_handle().container.id
+        argv = [a.format(cid=cid) for a in stop]
+        threading.Timer(1.0, _docker, argv).start()
+        obs, done, info = timed_step(env, bash("sleep 20", 30), 30 + GRACE_S)
+        assert done and info["outcome"] == outcome, (info["outcome"], obs)
+        assert info["reward_valid"] == (outcome == "agent_error"), info
+        if outcome == "agent_error":
+            assert info["reward"]["final_score"] == 0.0
+            assert "ended the sandbox itself" in obs, obs
+    finally:
+        env.close()

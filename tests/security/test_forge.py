@@ -8,12 +8,21 @@ plain pytest, the score read from the JUnit file), so no test here can pass vacu
 The grader must then give 0, say why, and never count the run as ``infra_error`` (which
 would leave it out of training and hide the failure from the policy).
 
-What is not covered, and so not tested: code that finds the grader's own plugin through
-``gc`` and calls its signer (see ``gyre_env/scoring/_pytest_launcher.py``).
+The grader's verdict is derived outside the tested process (``gyre_env.scoring.verdict``),
+which holds no key: ``gc_finds_the_signer`` (which forged a signed verdict with the
+launcher's own signer when it held one) finds nothing to sign with, and
+``test_the_tested_process_holds_no_key`` scans the process's memory for the run's keys.
+What is not covered, and so not tested: code that writes well-formed raw events onto the
+relay's pipe itself, or patches pytest for one call (see ``verdict``'s docstring: no
+grader that runs the tests in the agent's process can tell that from a real pass).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -108,6 +117,7 @@ TestReport.from_item_and_call = classmethod(_forged)
     "atexit_overwrites_report_and_channel": FORGE
     + """
 import atexit
+import hashlib
 import json
 
 def forge():
@@ -122,6 +132,31 @@ def forge():
             pass
 
 atexit.register(forge)
+""",
+    # (d) Through gc: find whatever holds the grader's signer (an HMAC object, as the
+    # launcher once held) and sign a forged all-pass verdict with it, then leave.
+    "gc_finds_the_signer": FORGE
+    + """
+import gc, hmac, json
+try:
+    import _hashlib
+    macs = (hmac.HMAC, _hashlib.HMAC)
+except (ImportError, AttributeError):
+    macs = (hmac.HMAC,)
+write_report()
+for holder in gc.get_objects():
+    try:
+        fields = getattr(holder, "__dict__", None)
+        if not isinstance(fields, dict) or not any(isinstance(v, macs) for v in fields.values()):
+            continue
+    except Exception:
+        continue
+    emit = getattr(holder, "_emit", None)
+    for name in ("add", "sub", "mul", "div"):
+        emit("case", classname="tests.test_calc", name="test_" + name,
+             file="tests/test_calc.py", outcome="passed", message="")
+    emit("finish", cases=4, exit=0)
+os._exit(0)
 """,
     # (c) Leave in the middle of the run: the first failing test exits the process with
     # status 0 after writing the passing report.
@@ -188,3 +223,120 @@ def test_honest_workspaces_keep_their_scores(backend, calc_task, tmp_path):
     assert (gold.status, gold.score) == ("ok", 1.0)
     if backend != "local":
         assert result.privilege_drop and gold.privilege_drop
+
+
+@pytest.mark.bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bwrap evaluator holds capabilities only as root")
+def test_a_bwrap_evaluator_that_cannot_drop_privileges_refuses_to_grade(calc_task, tmp_path):
+    """The bwrap evaluator holds 7 capabilities so that it can switch to a fresh uid. When
+    no fresh uid can run the interpreter (here: gyre's Python in a folder only root may
+    enter), it used to run the workspace's code as root with those capabilities; it must
+    run nothing and report an ``infra_error`` that says why. The grading runs in a child
+    process whose Python is such a virtualenv (mode 0700)."""
+    venv = tmp_path / "private-venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        check=True,
+    )
+    venv.chmod(0o700)
+    ws = write_tree(tmp_path / "ws", {"calc.py": PARTIAL + ATTACKS["junit_then_os_exit"]})
+    script = (
+        "import json, sys\n"
+        "from gyre_env.scoring import GradingConfig, grade_workspace\n"
+        "from gyre_env.tasks import load_task\n"
+        "r = grade_workspace(load_task(sys.argv[1]), sys.argv[2], GradingConfig(backend='bwrap'))\n"
+        "print(json.dumps({**r.summary(), 'commands': len(r.commands)}))\n"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script, str(calc_task.source), str(ws)],
+        env={**os.environ, "PYTHONPATH": root},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["status"] == "infra_error", result
+    assert result["commands"] == 0, "no test command may run"
+    assert "the bwrap evaluator refused to grade" in result["reason"], result["reason"]
+    assert "import pytest" in result["reason"] and "as root" in result["reason"]
+
+
+# Run at import by the tested process: look for the run's keys (their first 16 bytes, raw
+# and in hex) anywhere in its own memory, and raise (a collection error: score 0) if one
+# is there. The needles are built at run time and skipped where they lie; a planted copy
+# of a third needle must be found, so the scan is shown to work.
+SCAN = """
+import ctypes, os
+
+def _needle(masked):
+    return bytes(b ^ 0xFF for b in masked)
+
+def _scan(needles):
+    own = {id(n) + bytes.__basicsize__ - 1 for n in needles}
+    buf = bytearray(1 << 20)
+    cbuf = (ctypes.c_char * len(buf)).from_buffer(buf)
+    hits = {n: [] for n in needles}
+    fd = os.open("/proc/self/mem", os.O_RDONLY)
+    with open("/proc/self/maps") as fh:
+        maps = fh.read().splitlines()
+    for line in maps:
+        span, perms = line.split()[:2]
+        if not perms.startswith("r"):
+            continue
+        start, end = (int(x, 16) for x in span.split("-"))
+        for at in range(start, end, len(buf)):
+            n = min(len(buf), end - at)
+            try:
+                got = os.preadv(fd, [memoryview(buf)[:n]], at)
+            except OSError:
+                break
+            for needle in needles:
+                i = buf.find(needle, 0, got)
+                while i >= 0:
+                    if at + i not in own:
+                        hits[needle].append(hex(at + i))
+                    i = buf.find(needle, i + 1, got)
+            ctypes.memset(cbuf, 0, n)
+    os.close(fd)
+    return hits
+
+_raw, _hex, _probe = (_needle(m) for m in (MASKED_RAW, MASKED_HEX, MASKED_PROBE))
+_planted = bytearray(_probe)
+_hits = _scan([_raw, _hex, _probe])
+if not _hits[_probe]:
+    raise RuntimeError("SCAN BROKEN: the planted copy was not found")
+if _hits[_raw] or _hits[_hex]:
+    raise RuntimeError(f"KEY FOUND in the tested process: {_hits[_raw]} {_hits[_hex]}")
+"""
+
+
+def _masked(data: bytes) -> str:
+    return repr(bytes(b ^ 0xFF for b in data))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_tested_process_holds_no_key(backend, calc_task, tmp_path, monkeypatch):
+    """The keys that authenticate the verdict never reach the process that runs the
+    workspace's code: not in a file, a variable, an argument, a pipe, nor its memory."""
+    from gyre_env.scoring import final
+
+    # the run's keys, fixed here (random-looking bytes) so the scan knows what to seek
+    key = hashlib.sha256(b"gyre test key").digest()
+    made = []
+
+    def fixed(n: int):
+        made.append(n)
+        return final._Keys(nonce="n" * 32, keys=(key,) * n)
+
+    monkeypatch.setattr(final._Keys, "new", staticmethod(fixed))
+    probe = b"gyre-probe-" + bytes(range(200, 205))
+    code = (
+        f"MASKED_RAW = {_masked(key[:16])}\nMASKED_HEX = {_masked(key[:16].hex().encode())}\n"
+        f"MASKED_PROBE = {_masked(probe)}\n" + SCAN
+    )
+    ws = write_tree(tmp_path / "ws", {"calc.py": PARTIAL + code, "pyproject.toml": PYPROJECT})
+    result = grade_workspace(calc_task, ws, _config(backend))
+    assert made, "the grader made no keys"
+    assert (result.status, result.score, result.passed) == ("ok", 0.25, 1), result.summary()

@@ -72,6 +72,41 @@ def test_gyre_train_refuses_docker_without_a_daemon_before_any_work(
     assert not out.exists()
 
 
+def test_gyre_bench_refuses_docker_without_a_daemon_before_any_work(
+    no_docker_daemon, tmp_path, capsys
+):
+    """Fixed by a registered env (a ``gym.make`` default) or by ``env_kwargs``: no output
+    folder, no model loaded, a message naming the setting and the start command."""
+    import gymnasium as gym
+
+    from gyre_env import register_task_env
+    from gyre_env.bench import BenchConfig, run_bench
+    from gyre_env.cli import main
+    from gyre_env.sandbox import SandboxError
+
+    env_id = "GyreTest/BenchOnDocker-v0"
+    register_task_env(env_id, suite="builtin", sandbox_backend="docker")
+    try:
+        out = tmp_path / "bench"
+        assert (
+            main(["bench", env_id, "--agent", "gold", "--tasks", "micro", "--out", str(out)]) == 2
+        )
+        err = capsys.readouterr().err
+        assert "gyre bench: env_kwargs.sandbox_backend: sandbox backend 'docker'" in err, err
+        assert "Docker daemon is not reachable" in err and "systemctl start docker" in err
+        assert not out.exists(), "refused before the output folder was made"
+    finally:
+        del gym.registry[env_id]
+    cfg = BenchConfig(
+        agent="gold",
+        out_dir=str(out),
+        env_kwargs={"sandbox_backend": "local", "grading": {"backend": "docker"}},
+    )
+    with pytest.raises(SandboxError, match=r"env_kwargs.grading.backend: .*not reachable"):
+        run_bench(cfg)
+    assert not out.exists()
+
+
 def test_gold_replay_of_infra_errors_names_the_infrastructure_not_the_gold():
     from gyre_env.runner import EpisodeResult
     from gyre_env.train.run import gold_failure
@@ -151,6 +186,27 @@ def test_auto_resolving_to_local_is_refused_unless_asked_for_by_name(
     grading_auto.check_sandboxes()
     monkeypatch.setenv("GYRE_SANDBOX", "local")
     cfg.check_sandboxes()
+
+
+def test_gyre_bench_refuses_auto_resolving_to_local_unless_asked_for_by_name(
+    nothing_isolates, monkeypatch, tmp_path, capsys
+):
+    from gyre_env.bench import BenchConfig
+    from gyre_env.bench.run import check_sandboxes
+    from gyre_env.cli import main
+    from gyre_env.sandbox import SandboxError
+
+    out = tmp_path / "bench"
+    assert main(["bench", "--agent", "gold", "--tasks", "micro", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "env_kwargs.sandbox_backend = 'auto' resolved to the 'local' sandbox" in err, err
+    assert "gyre bench refuses" in err and "GYRE_SANDBOX=local" in err
+    assert not out.exists()
+    with pytest.raises(SandboxError, match="sandbox_backend = 'auto' resolved to the 'local'"):
+        check_sandboxes(BenchConfig(env_kwargs={"grading": {"backend": "local"}}))
+    check_sandboxes(BenchConfig(env_kwargs={"sandbox_backend": "local"}))  # named
+    monkeypatch.setenv("GYRE_SANDBOX", "local")
+    check_sandboxes(BenchConfig())
 
 
 # ---- a proxy port in use ------------------------------------------------------------------

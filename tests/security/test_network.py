@@ -125,37 +125,6 @@ def _engine(enc):
     return ScriptedEngine([enc("ok<|im_end|>")], context_length=4096)
 
 
-class _Started:
-    """A running proxy and its records file."""
-
-    def __init__(self, server: ProxyServer, path: Path):
-        self.server, self.path = server, path
-
-    def records(self):
-        return read_jsonl(self.path)
-
-    def __getattr__(self, name):
-        return getattr(self.server, name)
-
-
-@pytest.fixture
-def start_proxy(tok, tmp_path):
-    """``start_proxy(engines, **config)``: an in-process proxy, stopped after the test."""
-    servers = []
-
-    def start(engines, **config) -> _Started:
-        path = tmp_path / f"records-{len(servers)}.jsonl"
-        server = ProxyServer(
-            ProxyConfig(**config), engines=list(engines), tokenizer=tok, sink=JsonlSink(path)
-        )
-        servers.append(server.start())
-        return _Started(server, path)
-
-    yield start
-    for server in servers:
-        server.stop()
-
-
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "192.0.2.2", "example.org"])
 def test_the_proxy_refuses_to_listen_beyond_loopback_without_a_token(tok, enc, host):
     with pytest.raises(ValueError, match="without an auth token.*--insecure"):

@@ -293,10 +293,11 @@ class MegatronTrainer:
         first), the loss normalized by ``normalizer`` (the whole step's) at the core's
         ``version``; the same loss as ``train_step``. ``tensors``: the units'
         ``tensors(self.device)``, when the caller built them already. Returns the summed
-        loss and tokens."""
+        loss and tokens, and the loss tokens left out as sampled past
+        ``loss.max_staleness`` (``stale_tokens``), as the torch backend does."""
         batch = share_batch(self, units, kind)
         if batch is None:
-            return {"loss": 0.0, "tokens": 0.0}
+            return {"loss": 0.0, "tokens": 0.0, "stale_tokens": 0.0}
         rl = kind == "rl"
         agg = self.loss.aggregation if rl else "token"
         with cpu_threads(not self.cuda, self.config.num_threads):
@@ -305,7 +306,11 @@ class MegatronTrainer:
             sums = accumulate(
                 batch, tensors, lambda p, t: self._microbatch(p, t, rl, agg, normalizer, version)
             )
-        return {"loss": sums["loss"], "tokens": float(batch.num_tokens)}
+        return {
+            "loss": sums["loss"],
+            "tokens": float(batch.num_tokens),
+            "stale_tokens": sums.get("stale_tokens", 0.0),
+        }
 
     def grad_buffers(self) -> list[torch.Tensor]:
         """The accumulated gradients, one per trainable parameter in model order (what the
