@@ -50,10 +50,15 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gyre_env.scoring._pytest_launcher import _junit_names
 from gyre_env.scoring.junit import TestCase, TestCounts, select_cases
 from gyre_env.scoring.rewards import quantize
-from gyre_env.scoring.verdict import VerdictError, VerdictTampered, check_stream, read_verdict
+from gyre_env.scoring.verdict import (
+    VerdictError,
+    VerdictTampered,
+    check_stream,
+    junit_names,
+    read_verdict,
+)
 from gyre_env.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -508,7 +513,7 @@ def named_tests_score(
     by_key = {c.key: c for c in cases}
 
     def case_of(nodeid: str) -> TestCase:
-        classname, name = _junit_names(nodeid)
+        classname, name = junit_names(nodeid)
         found = by_key.get((classname, name))
         if found is not None:
             return found
