@@ -102,7 +102,9 @@ def _bursty(resolution: float) -> SimConfig:
 
 
 @pytest.mark.parametrize(
-    "make", [lambda: AsyncStalenessPolicy(rollout_cells=4), WaterlevelPolicy], ids=str
+    "make",
+    [lambda: AsyncStalenessPolicy(rollout_cells=4), WaterlevelPolicy],
+    ids=["async", "waterlevel"],
 )
 def test_results_converge_as_rounds_shrink(make):
     fine = simulate(_bursty(0.02), make())
