@@ -71,6 +71,7 @@ def policy_factories(cfg: SimConfig) -> dict[str, Callable[..., object]]:
             gain_margin=w.gain_margin,
             min_dwell_factor=w.min_dwell_factor,
             max_batch_growth=w.max_batch_growth,
+            hold_round_trips=w.hold_round_trips,
         )
     return out
 
