@@ -56,14 +56,12 @@ def run_one(job: tuple) -> dict:
     cfg.duration_s, cfg.seed, cfg.gantt_max_segments = hours * 3600.0, seed, 0
     make = policy_factories(cfg)[name]
     r = simulate(cfg, make(k) if k is not None else make())
-    b = r.busy_fraction()
-    busy = b["rollout"] + b["training"]
     return {
         "tokens_per_hour": r.tokens_per_hour,
         "idle": r.idle_fraction(),
         "dropped": r.dropped_stale,
         "steps": r.steps,
-        "idle_free": r.tokens_per_hour / busy if busy > 0 else 0.0,
+        "idle_free": r.idle_free_tokens_per_hour(),
     }
 
 

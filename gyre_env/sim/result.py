@@ -88,5 +88,12 @@ class SimResult:
             )
         return out
 
+    def idle_free_tokens_per_hour(self) -> float:
+        """Trained tokens per hour had no cell idled or switched, at the cell time per
+        trained token this run spent (throughput over its busy fraction)."""
+        b = self.busy_fraction()
+        busy = b["rollout"] + b["training"]
+        return self.tokens_per_hour / busy if busy > 0 else 0.0
+
     def time_to_steps(self, n: int) -> float | None:
         return self.step_end_times[n - 1] if len(self.step_end_times) >= n else None
