@@ -152,6 +152,12 @@ class WorkloadConfig:
     """An episode ends when its context would pass this."""
     zero_variance_fraction: float = 0.0
     """Share of groups whose rewards are all equal: finished but not trained on (DAPO filter)."""
+    group_turns_sigma: float = 0.0
+    """A group's episodes are one task: log-space spread of a factor drawn once per group
+    that scales all its episodes' turns (``turns`` is then the spread within a group)."""
+    group_tool_sigma: float = 0.0
+    """The same factor's spread for the group's tool times (one draw: a larger task has
+    both more turns and longer tools)."""
     phases: list[WorkloadPhase] = field(default_factory=list)
     """Non-stationary load (fitted source): group ``g`` is drawn with the scales of the
     phase it falls in, the phases cycling in order; empty: every group alike."""
