@@ -113,3 +113,12 @@ def test_simulate_prints_idle_causes_over_time_next_to_the_ceiling(tmp_path, cap
     page = (tmp_path / "out" / "report.html").read_text()
     assert "Idle causes over time" in page and "idle-free ceiling / best peer" in page
     assert page.count("<img") >= 5 + 5 + 2  # Gantt and timeline per policy, two k sweeps
+
+
+@pytest.mark.parametrize("name", ["growing", "bursts", "slow_tools"])
+def test_new_examples_run_with_a_tiny_budget(tmp_path, name):
+    out = tmp_path / "out"
+    args = ["simulate", str(EXAMPLES / f"simulate_nl2repo_{name}.toml"), "--out", str(out)]
+    assert main([*args, "--duration", "60", "--no-sweeps"]) == 0
+    data = json.loads((out / "simulation.json").read_text())
+    assert data["policies"]["waterlevel"]["simulated_s"] == pytest.approx(60.0)
