@@ -237,11 +237,10 @@ class WaterlevelPolicy:
       a cell stays ``min_dwell_factor`` x its switch cost in a role;
     - rollouts are admitted within the staleness bound (``obs.staleness_bound``), counted
       in batches (``admits``);
-    - a step takes up to ``max_batch_growth`` x the configured batch of what is ready
-      instead of leaving it waiting (a version for more groups: on a changing load, where
-      short groups overtake long ones, fewer long ones age past the staleness bound); the
-      groups it takes beyond one batch are admitted back once it runs (a version-counted
-      bound would otherwise shrink the work in flight for good);
+    - under low load (no queue) a step takes up to ``max_batch_growth`` x the configured
+      batch of what is ready instead of leaving it waiting, unless admissions wait on the
+      trainer; the groups it takes beyond one batch are admitted back once it runs (a
+      version-counted bound would otherwise shrink the work in flight for good);
     - idle training cells stay there for the next step only while it is due within
       ``hold_round_trips`` switch round trips; further off (a load whose batches come
       slowly: a slow sandbox pool, long episodes) every one of them serves until then.
@@ -256,7 +255,7 @@ class WaterlevelPolicy:
     """Switch only when expected gain > margin x switch cost."""
     min_dwell_factor: float = 1.0
     max_batch_growth: float = 2.0
-    hold_round_trips: float = 10.0
+    hold_round_trips: float = 30.0
     """Idle training cells a step is worth stay in training only while the next step is
     due within this many switch round trips; further off, every idle one serves."""
     _finished: list = field(default_factory=list, repr=False)
@@ -451,8 +450,11 @@ class WaterlevelPolicy:
             return 0
         if coming and settled < self.training_cells_wanted(obs):
             return 0  # the cells on their way join this step
-        # up to the grown batch of what is ready: a grown step advances the version once for
-        # more groups, so the groups still running age by fewer versions (fewer of them
-        # dropped past the staleness bound), and its groups beyond one batch are admitted
-        # back as it starts (``admits``), so admissions waiting on the trainer gain by it
-        return min(obs.groups_ready, int(obs.groups_per_step * self.max_batch_growth))
+        # low load (no queue), and admissions not waiting on the trainer (a grown step
+        # advances the version once for more groups): up to the grown batch of what is
+        # ready. Not under load: grown steps there, their groups admitted back, put more
+        # work in flight than the bound's batches, and long groups aged past it (24 h
+        # curriculum: 3,944 samples dropped against 1,480, 17% fewer tokens trained)
+        if obs.queue == 0 and self.admits(obs) > 0:
+            return min(obs.groups_ready, int(obs.groups_per_step * self.max_batch_growth))
+        return obs.groups_per_step

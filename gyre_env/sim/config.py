@@ -236,7 +236,7 @@ class WaterlevelParams:
     gain_margin: float = 1.0
     min_dwell_factor: float = 1.0
     max_batch_growth: float = 2.0
-    hold_round_trips: float = 10.0
+    hold_round_trips: float = 30.0
 
 
 @dataclass(kw_only=True)

@@ -346,19 +346,17 @@ def test_waterlevel_holds_no_idle_training_cell_while_the_next_batch_is_far_off(
     assert near.decide(_obs(**low, groups_ready=1)).switches == ()  # within 100: they stay
 
 
-def test_waterlevel_grows_a_step_under_load_too():
+def test_waterlevel_does_not_grow_a_step_under_load():
     # requests queue and admissions wait on the trainer (the bound is reached): two batches
-    # ready still go in one step (a version for four groups: the groups still running age
-    # by one version, not two), and its two groups beyond a batch are admitted back
+    # ready, the step takes one (grown steps there, their groups admitted back, put more
+    # work in flight than the bound's batches: 24 h curriculum, 2.7x the stale drops)
     policy = WaterlevelPolicy()
     roles = (Role.ROLLOUT,) + (Role.TRAINING,) * 3
     obs = dict(roles=roles, groups_ready=4, ready_tokens=40_000, groups_started=6)
     obs.update(queue=12, waterlevel=20, in_flight=(8, 0, 0, 0))
     assert policy.admits(_obs(**obs)) == 0
-    assert policy.decide(_obs(**obs)).train_groups == 4
-    running = dict(obs, step_running=True, in_step=(False, True, True, True), groups_ready=0)
-    policy.decide(_obs(**running, groups_trained=4))
-    assert policy.admits(_obs(**running, groups_trained=4)) == 2
+    assert policy.decide(_obs(**obs)).train_groups == 2
+    assert policy.grown_groups == 0
 
 
 def test_waterlevel_grows_a_step_at_low_load_without_shrinking_the_work_in_flight():
