@@ -1,4 +1,4 @@
-"""Colocated synchronous vs a static 1+1 split vs Gyre's waterlevel policy, on real cells.
+"""Gyre's waterlevel policy against colocated synchronous, static 1+1 and async 1+1, on real cells.
 
 The same workload and number of RL steps under each policy object (the ones
 ``gyre simulate`` drives), run by the elastic driver on two cells of this machine (two
@@ -10,6 +10,11 @@ throughput to the best peer's.
 
     python benchmarks/elastic.py [--steps 6] [--tool-delay 1.0] [--tool-jitter 0.5]
         [--groups-per-step 3] [--group-size 8] [--max-tokens 64] [--slots N] [--repeats 1]
+        [--changing-load]
+
+``--changing-load`` (issue 37's mode; run it with ``--repeats 3``: the ratio of the median
+wall times, in one process): bursts of short tasks between stretches of long ones
+(``changing_phases``), the waterlevel's target 1.2x the best peer.
 
 Every policy's steps train the same number of groups (``--max-batch-growth 1``: with the
 policy's default of 2, waterlevel's grown steps at low load train more groups per step, so
@@ -31,14 +36,33 @@ import argparse
 
 
 def _policies(args):
-    from gyre_env.scheduler.peers import ColocatedSyncPolicy, StaticSplitPolicy
+    from gyre_env.scheduler.peers import (
+        AsyncStalenessPolicy,
+        ColocatedSyncPolicy,
+        StaticSplitPolicy,
+    )
     from gyre_env.scheduler.policy import WaterlevelPolicy
 
     return {
         "colocated": ColocatedSyncPolicy,
         "static 1+1": lambda: StaticSplitPolicy(rollout_cells=1),
+        "async 1+1": lambda: AsyncStalenessPolicy(rollout_cells=1),
         "waterlevel": lambda: WaterlevelPolicy(max_batch_growth=args.max_batch_growth),
     }
+
+
+def changing_phases(args) -> list:
+    """``--changing-load``: a burst of short tasks (one turn, tools a quarter as long) for
+    one step's groups, then twice the step's groups of long ones (twice the turns, tools
+    one and a half times as long), repeating: the rollout demand per trained group moves
+    about sixfold between them, so no fixed split of the two cells fits both."""
+    from gyre_env.scheduler.chat_workload import ToolLoopPhase
+
+    g = args.groups_per_step
+    return [
+        ToolLoopPhase(groups=g, turns=1, tool_scale=0.25),
+        ToolLoopPhase(groups=2 * g, turns=2 * args.turns, tool_scale=1.5),
+    ]
 
 
 def run_one(name, make_policy, args, model_dir, tokenizer) -> dict:
@@ -57,6 +81,7 @@ def run_one(name, make_policy, args, model_dir, tokenizer) -> dict:
             ToolLoopConfig(
                 group_size=args.group_size, turns=args.turns, tool_delay_s=args.tool_delay,
                 tool_jitter=args.tool_jitter, max_tokens=args.max_tokens,
+                phases=changing_phases(args) if args.changing_load else [],
             ),
         )  # fmt: skip
         config = ElasticConfig(
@@ -156,6 +181,11 @@ def main(argv: list[str] | None = None) -> None:
         "(default 1: every policy's steps train the same groups_per_step groups, so that the "
         "same number of steps is the same work; the policy's own default is 2)",
     )  # fmt: skip
+    parser.add_argument(
+        "--changing-load", action="store_true",
+        help="a load whose demand changes: bursts of one-turn tasks with short tools between "
+        "stretches of long ones (twice the turns, tools 1.5x as long); see changing_phases",
+    )  # fmt: skip
     parser.add_argument("--only", nargs="*", help="policy names to run")
     parser.add_argument(
         "--repeats", type=int, default=1,
@@ -181,6 +211,14 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.tool_delay:g}s per call (x U(1 +- {args.tool_jitter:g})); {args.slots} groups "
         "at once; wall: start to the last step"
     )
+    if args.changing_load:
+        print(
+            "changing load, repeating: "
+            + "; ".join(
+                f"{p.groups} groups of {p.turns} turns, tools x{p.tool_scale:g}"
+                for p in changing_phases(args)
+            )
+        )
     runs: list[dict[str, dict]] = []
     for repeat in range(args.repeats):
         if args.repeats > 1:

@@ -38,12 +38,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {cfg.name}: {hours:g} h, seed {seed}")
             print(f"{'policy':<14}{'k':>4}{'Mtok/h':>9}{'samples/h':>11}{'busy R':>8}"
                   f"{'busy T':>8}{'idle':>7}{'steps':>6}{'stale':>7}{'idle-free':>10}")  # fmt: skip
-            ceiling = 0.0
             for name, r in comp.results.items():
                 b, k = r.busy_fraction(), r.params.get("rollout_cells", "")
-                busy = b["rollout"] + b["training"]
-                free = r.tokens_per_hour / busy if busy > 0 else 0.0
-                ceiling = max(ceiling, free)
+                free = r.idle_free_tokens_per_hour()
                 print(
                     f"{name:<14}{k:>4}{r.tokens_per_hour / 1e6:>9.2f}{r.samples_per_hour:>11.1f}"
                     f"{b['rollout']:>8.3f}{b['training']:>8.3f}{r.idle_fraction():>7.3f}"
@@ -51,10 +48,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
             ratio = comp.waterlevel_ratio()
             if ratio is not None:
-                best = comp.results[comp.best_peer()].tokens_per_hour
                 print(
                     f"waterlevel / best peer ({comp.best_peer()}): {ratio:.3f}; "
-                    f"idle-free ceiling / best peer: {ceiling / best:.3f}",
+                    f"idle-free ceiling / best peer: {comp.ceiling():.3f}",
                     flush=True,
                 )
     return 0

@@ -45,6 +45,25 @@ class RecordBook:
 
 
 @dataclass(kw_only=True)
+class ToolLoopPhase:
+    """A stretch of consecutive groups whose episodes differ from the base shape (a changing
+    load: a burst of short tasks, episodes that lengthen, a slow tool pool)."""
+
+    groups: int
+    """Groups in this phase (the phases repeat in order)."""
+    turns: int | None = None
+    """Model calls per episode in this phase (None: the config's ``turns``)."""
+    tool_scale: float = 1.0
+    """Multiplies each tool call's wait."""
+
+    def __post_init__(self) -> None:
+        if self.groups < 1 or (self.turns is not None and self.turns < 1):
+            raise ValueError(f"a tool-loop phase needs groups >= 1 and turns >= 1: {self}")
+        if not self.tool_scale > 0:
+            raise ValueError(f"a tool-loop phase needs tool_scale > 0: {self}")
+
+
+@dataclass(kw_only=True)
 class ToolLoopConfig:
     """The shape of the agents' work."""
 
@@ -63,6 +82,25 @@ class ToolLoopConfig:
     temperature: float = 1.0
     token_budget: int = 4096
     """Tokens per packed training unit."""
+    phases: list[ToolLoopPhase] = field(default_factory=list)
+    """A changing load: group ``i`` takes the shape of the phase it falls in, the phases
+    cycling in order; empty: every group alike."""
+
+    def phase_of(self, index: int) -> ToolLoopPhase | None:
+        """The phase of group ``index`` (None without phases)."""
+        if not self.phases:
+            return None
+        i = index % sum(p.groups for p in self.phases)
+        for phase in self.phases:
+            if i < phase.groups:
+                return phase
+            i -= phase.groups
+        raise AssertionError("unreachable")
+
+    def turns_of(self, index: int) -> int:
+        """Model calls per episode of group ``index``."""
+        phase = self.phase_of(index)
+        return phase.turns if phase is not None and phase.turns is not None else self.turns
 
 
 @dataclass
@@ -97,26 +135,29 @@ class ToolLoopWorkload:
         """The run is over: episodes end at their next model or tool call."""
         self._stop.set()
 
-    def tool_delay(self, session: str, turn: int) -> float:
-        """Seconds the tool call after ``turn`` of ``session`` waits."""
+    def tool_delay(self, session: str, turn: int, index: int | None = None) -> float:
+        """Seconds the tool call after ``turn`` of ``session`` (of group ``index``: its
+        phase scales the wait) waits."""
         cfg = self.config
+        phase = cfg.phase_of(index) if index is not None else None
+        base = cfg.tool_delay_s * (phase.tool_scale if phase is not None else 1.0)
         if not cfg.tool_jitter:
-            return cfg.tool_delay_s
+            return base
         u = random.Random(f"{session}/{turn}").random()
-        return cfg.tool_delay_s * (1.0 + cfg.tool_jitter * (2.0 * u - 1.0))
+        return base * (1.0 + cfg.tool_jitter * (2.0 * u - 1.0))
 
     def run_group(self, index: int) -> Group:
         from gyre_env.trajectory.tree import EpisodeInfo, build_trees
 
         t0, started = time.monotonic(), time.time()
         sessions = [f"g{index}.e{k}" for k in range(self.config.group_size)]
-        asyncio.run(self._episodes(sessions))
+        asyncio.run(self._episodes(sessions, index))
         if self._stop.is_set():  # cut short: not a group to train on
             return Group(index, [], wall_s=time.monotonic() - t0)
         records, infos, rewards, episodes = [], [], [], []
         for s in sessions:
             recs = self.book.take(s)
-            episodes.append(self._trace_episode(s, recs))
+            episodes.append(self._trace_episode(s, recs, index))
             ids = [t for r in recs for t in r.output_ids]
             reward = sum(t % 2 == 0 for t in ids) / max(len(ids), 1)
             rewards.append(reward)
@@ -129,24 +170,24 @@ class ToolLoopWorkload:
         self.trace.append(dict(index=index, start=started, end=time.time(), episodes=episodes))
         return Group(index, trees, rewards, tokens, time.monotonic() - t0)
 
-    def _trace_episode(self, session: str, records: list) -> dict:
+    def _trace_episode(self, session: str, records: list, index: int) -> dict:
         from gyre_env.trajectory.records import trace_calls
 
         calls = trace_calls(records)
-        tool = [self.tool_delay(session, turn) for turn in range(len(calls))]
+        tool = [self.tool_delay(session, turn, index) for turn in range(len(calls))]
         return dict(session=session, calls=calls, tool_s=tool)
 
-    async def _episodes(self, sessions: list[str]) -> None:
+    async def _episodes(self, sessions: list[str], index: int) -> None:
         import httpx
 
         async with httpx.AsyncClient(timeout=600) as client:
-            await asyncio.gather(*(self._episode(client, s) for s in sessions))
+            await asyncio.gather(*(self._episode(client, s, index) for s in sessions))
 
-    async def _episode(self, client, session: str) -> None:
+    async def _episode(self, client, session: str, index: int) -> None:
         cfg = self.config
         messages = [{"role": "user", "content": f"{session}: list the files, then fix the test."}]
         body = {"model": "m", "max_tokens": cfg.max_tokens, "temperature": cfg.temperature}
-        for turn in range(cfg.turns):
+        for turn in range(cfg.turns_of(index)):
             if self._stop.is_set():
                 return
             r = await client.post(
@@ -155,7 +196,7 @@ class ToolLoopWorkload:
             r.raise_for_status()
             text = r.json()["choices"][0]["message"].get("content") or ""
             # the tool call: waiting, not computing (cut short when the run is over)
-            end = time.monotonic() + self.tool_delay(session, turn)
+            end = time.monotonic() + self.tool_delay(session, turn, index)
             while not self._stop.is_set() and (left := end - time.monotonic()) > 0:
                 await asyncio.sleep(min(left, 0.05))
             messages += [

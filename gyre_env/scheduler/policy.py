@@ -230,8 +230,9 @@ class WaterlevelPolicy:
       (requests queue for a slot), as many as the queue fills, while the next step is
       more than a switch round trip away; at low water (no queue) those beyond the cells
       a step is worth (``_worth``) go back while the next step is more than
-      ``1 + gain_margin`` round trips away: idle in training they serve nothing, in
-      rollout they spread the calls;
+      ``1 + gain_margin`` round trips away (all of them while it is more than
+      ``hold_round_trips`` away): idle in training they serve nothing, in rollout they
+      spread the calls;
     - every switch must gain more than the measured switch cost times ``gain_margin``, and
       a cell stays ``min_dwell_factor`` x its switch cost in a role;
     - rollouts are admitted within the staleness bound (``obs.staleness_bound``), counted
@@ -239,7 +240,10 @@ class WaterlevelPolicy:
     - under low load (no queue) a step takes up to ``max_batch_growth`` x the configured
       batch of what is ready instead of leaving it waiting, unless admissions wait on the
       trainer; the groups it takes beyond one batch are admitted back once it runs (a
-      version-counted bound would otherwise shrink the work in flight for good).
+      version-counted bound would otherwise shrink the work in flight for good);
+    - idle training cells stay there for the next step only while it is due within
+      ``hold_round_trips`` switch round trips; further off (a load whose batches come
+      slowly: a slow sandbox pool, long episodes) every one of them serves until then.
 
     Source: the elastic RL design for long-horizon agents (2026) this project follows; the
     switch-cost gate, the batch-sized training side and batch growth are Gyre's.
@@ -251,6 +255,9 @@ class WaterlevelPolicy:
     """Switch only when expected gain > margin x switch cost."""
     min_dwell_factor: float = 1.0
     max_batch_growth: float = 2.0
+    hold_round_trips: float = 30.0
+    """Idle training cells a step is worth stay in training only while the next step is
+    due within this many switch round trips; further off, every idle one serves."""
     _finished: list = field(default_factory=list, repr=False)
     """(time, groups finished so far) each time that count changed, the last 64."""
     _step: tuple | None = field(default=None, repr=False)
@@ -299,6 +306,11 @@ class WaterlevelPolicy:
     def resumed(self, steps: list[dict], groups_per_step: int) -> None:
         """A resumed run: the groups its steps took beyond one batch each count again."""
         self._grown = sum(max(0, int(s.get("groups", 0)) - groups_per_step) for s in steps)
+
+    @property
+    def grown_groups(self) -> int:
+        """Groups the grown steps so far took beyond one batch each (admitted back)."""
+        return self._grown
 
     def admits(self, obs: Observation) -> int:
         """Groups to admit: :func:`staleness_admits`, plus the groups grown steps took
@@ -402,9 +414,9 @@ class WaterlevelPolicy:
         # low water, no step near: the idle cells beyond those a step is worth serve until
         # then (spreading the calls, fewer per cell) rather than idle in training; the gain
         # (serving time after the round trip) must beat margin x the round trip
-        keep = self._worth(obs)
         near = next_step <= (1.0 + self.gain_margin) * costs.round_trip_s
         near = near or obs.switching_to(Role.ROLLOUT) > 0
+        keep = self._worth(obs) if next_step <= self.hold_round_trips * costs.round_trip_s else 0
         if len(idle) > keep and w > 0 and not near:
             return self._moves(obs, idle, Role.ROLLOUT, len(idle) - keep)
         spare = len(rollout) - self.min_rollout_cells
@@ -439,7 +451,10 @@ class WaterlevelPolicy:
         if coming and settled < self.training_cells_wanted(obs):
             return 0  # the cells on their way join this step
         # low load (no queue), and admissions not waiting on the trainer (a grown step
-        # advances the version once for more groups): up to the grown batch of what is ready
+        # advances the version once for more groups): up to the grown batch of what is
+        # ready. Not under load: grown steps there, their groups admitted back, put more
+        # work in flight than the bound's batches, and long groups aged past it (24 h
+        # curriculum: 3,944 samples dropped against 1,480, 17% fewer tokens trained)
         if obs.queue == 0 and self.admits(obs) > 0:
             return min(obs.groups_ready, int(obs.groups_per_step * self.max_batch_growth))
         return obs.groups_per_step

@@ -47,6 +47,19 @@ class Comparison:
         return self.results["waterlevel"].trained_tokens / base if base else None
 
 
+    def ceiling(self) -> float | None:
+        """The idle-free ceiling: the largest idle-free throughput of any policy's run
+        (:meth:`SimResult.idle_free_tokens_per_hour`) over the best peer's throughput.
+        About the most any policy could gain over the best peer on this workload (an
+        estimate, not a bound: a policy that drops fewer stale samples or batches its calls
+        better spends less cell time per trained token)."""
+        best = self.best_peer()
+        if best is None or not self.results[best].tokens_per_hour:
+            return None
+        top = max(r.idle_free_tokens_per_hour() for r in self.results.values())
+        return top / self.results[best].tokens_per_hour
+
+
 def policy_factories(cfg: SimConfig) -> dict[str, Callable[..., object]]:
     """Constructors of the enabled policies; the split ones take ``k``."""
     p = cfg.policies
@@ -71,6 +84,7 @@ def policy_factories(cfg: SimConfig) -> dict[str, Callable[..., object]]:
             gain_margin=w.gain_margin,
             min_dwell_factor=w.min_dwell_factor,
             max_batch_growth=w.max_batch_growth,
+            hold_round_trips=w.hold_round_trips,
         )
     return out
 

@@ -109,7 +109,7 @@ class WorkloadPhase:
     repositories), or episodes that lengthen as the policy learns to iterate."""
 
     groups: int
-    """Groups in this phase (the phases repeat in order)."""
+    """Groups in this phase (the phases repeat in order unless ``phases_cycle`` is off)."""
     turns_scale: float = 1.0
     """Multiplies each episode's drawn turn count (at least 1 turn)."""
     tool_scale: float = 1.0
@@ -152,15 +152,27 @@ class WorkloadConfig:
     """An episode ends when its context would pass this."""
     zero_variance_fraction: float = 0.0
     """Share of groups whose rewards are all equal: finished but not trained on (DAPO filter)."""
+    group_turns_sigma: float = 0.0
+    """A group's episodes are one task: log-space spread of a factor drawn once per group
+    that scales all its episodes' turns (``turns`` is then the spread within a group)."""
+    group_tool_sigma: float = 0.0
+    """The same factor's spread for the group's tool times (one draw: a larger task has
+    both more turns and longer tools)."""
     phases: list[WorkloadPhase] = field(default_factory=list)
     """Non-stationary load (fitted source): group ``g`` is drawn with the scales of the
     phase it falls in, the phases cycling in order; empty: every group alike."""
+    phases_cycle: bool = True
+    """False: the phases run once and the last one lasts for good (a load that changes
+    one way, such as episodes that lengthen as the policy learns)."""
 
     def phase_of(self, group: int) -> WorkloadPhase | None:
         """The phase group ``group`` belongs to (None without phases)."""
         if not self.phases:
             return None
-        g = group % sum(p.groups for p in self.phases)
+        total = sum(p.groups for p in self.phases)
+        if not self.phases_cycle and group >= total:
+            return self.phases[-1]
+        g = group % total
         for phase in self.phases:
             if g < phase.groups:
                 return phase
@@ -224,6 +236,7 @@ class WaterlevelParams:
     gain_margin: float = 1.0
     min_dwell_factor: float = 1.0
     max_batch_growth: float = 2.0
+    hold_round_trips: float = 30.0
 
 
 @dataclass(kw_only=True)
@@ -268,6 +281,9 @@ class SimConfig:
     to an event-by-event run and slower; control events are always exact."""
     gantt_max_segments: int = 20000
     """Role segments kept for the Gantt chart (0: none)."""
+    timeline_s: float = 3600.0
+    """Width of the buckets over which each cell state's time, the trained tokens and the
+    stale drops are also kept (the idle causes hour by hour); 0: no timeline."""
     cells: CellConfig = field(default_factory=CellConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
@@ -290,6 +306,8 @@ def load_sim_config(path: str | Path) -> SimConfig:
     cfg = from_dict(SimConfig, data)
     if not cfg.resolution_s > 0:
         raise ConfigError("resolution_s: must be > 0")
+    if not cfg.timeline_s >= 0:
+        raise ConfigError("timeline_s: must be >= 0 (0: no timeline)")
     if cfg.workload.trace and not Path(cfg.workload.trace).is_absolute():
         cfg.workload.trace = str((path.parent / cfg.workload.trace).resolve())
     if cfg.workload.source == "trace" and not cfg.workload.trace:

@@ -51,6 +51,9 @@ def summary(r: SimResult) -> dict:
         "simulated_s": r.duration_s,
         "events": r.events,
         "wall_s": r.wall_s,
+        "idle_free_tokens_per_hour": r.idle_free_tokens_per_hour(),
+        "timeline_s": r.timeline_s,
+        "timeline": r.timeline_fractions(),
     }
 
 
@@ -69,6 +72,7 @@ def to_json(cfg: SimConfig, comp: Comparison) -> dict:
         "policies": {n: summary(r) for n, r in comp.results.items()},
         "best_peer": comp.best_peer(),
         "waterlevel_over_best_peer": comp.waterlevel_ratio(),
+        "idle_free_ceiling_over_best_peer": comp.ceiling(),
         "k_sweeps": {
             n: [{"rollout_cells": k, **brief(r)} for k, r in runs]
             for n, runs in comp.k_sweeps.items()
@@ -98,8 +102,47 @@ def headline(cfg: SimConfig, comp: Comparison) -> str:
         )
     ratio = comp.waterlevel_ratio()
     if ratio is not None:
-        lines.append(f"waterlevel / best peer ({comp.best_peer()}): {ratio:.2f}x trained tokens")
+        lines.append(
+            f"waterlevel / best peer ({comp.best_peer()}): {ratio:.2f}x trained tokens; "
+            f"idle-free ceiling / best peer: {comp.ceiling():.2f}x"
+        )
+    shown = [n for n in ("waterlevel", comp.best_peer()) if n in comp.results]
+    for name in shown:
+        lines.extend(idle_over_time(comp.results[name]))
     return "\n".join(lines)
+
+
+TIMELINE_COLUMNS = (
+    ("serving", ("rollout/serving",)),
+    ("in tools", ("rollout/idle:agents_in_tools",)),
+    ("no episodes", ("rollout/idle:no_episodes",)),
+    ("training", ("training/step", "training/sync")),
+    ("no batch", ("training/idle:no_batch",)),
+    ("switching", ("switching",)),
+)
+"""The timeline table's columns: each a share of the bucket's cell time, summed over the
+states named (``in tools``, ``no episodes`` and ``no batch`` are the idle causes)."""
+
+
+def idle_over_time(r: SimResult) -> list[str]:
+    """``r``'s timeline as table lines: per bucket, the trained tokens, each column of
+    ``TIMELINE_COLUMNS`` and the stale samples dropped (empty without a timeline)."""
+    if not r.timeline:
+        return []
+    width = r.timeline_s / 3600.0
+    head = "".join(f"{c:>12}" for c, _ in TIMELINE_COLUMNS)
+    params = f" {r.params}" if r.params else ""
+    lines = [
+        f"{r.policy}{params}: share of cell time per {r.timeline_s / 60:g} min",
+        f"{'from h':>6}{'Mtok':>8}{head}{'steps':>7}{'dropped':>9}",
+    ]
+    for b, row in enumerate(r.timeline_fractions()):
+        cols = "".join(f"{sum(row[s] for s in states):>12.3f}" for _, states in TIMELINE_COLUMNS)
+        lines.append(
+            f"{b * width:>6.2f}{row['trained_tokens'] / 1e6:>8.1f}{cols}"
+            f"{row['steps']:>7.0f}{row['dropped_samples']:>9.0f}"
+        )
+    return lines
 
 
 def write_report(cfg: SimConfig, comp: Comparison, out: Path) -> tuple[Path, Path]:
@@ -173,6 +216,38 @@ def _line_figure(title: str, xlabel: str, series: dict[str, tuple[list, list]]):
     return fig
 
 
+def timeline_figure(r: SimResult):
+    """``r``'s cell time per timeline bucket, stacked by ``TIMELINE_COLUMNS``."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3))
+    rows = r.timeline_fractions()
+    xs = [b * r.timeline_s / 3600.0 for b in range(len(rows))]
+    ys = [[sum(row[s] for s in states) for row in rows] for _, states in TIMELINE_COLUMNS]
+    ax.stackplot(xs, ys, labels=[c for c, _ in TIMELINE_COLUMNS], step="post")
+    ax.set(title=f"{r.policy}: cell time", xlabel="simulated hours", ylabel="share of cells")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=6, loc="lower left", ncol=3)
+    return fig
+
+
+def _timeline_html(comp: Comparison) -> list[str]:
+    """Each policy's idle causes over time, next to the idle-free ceiling."""
+    ceiling = comp.ceiling()
+    parts = ["<h2>Idle causes over time</h2>"]
+    if ceiling is not None:
+        parts.append(
+            f"<p>waterlevel / best peer ({html.escape(str(comp.best_peer()))}): "
+            f"{comp.waterlevel_ratio():.3f}x; idle-free ceiling / best peer: {ceiling:.3f}x "
+            "(the most any policy gains by idling less, at the cell time per trained token "
+            "the runs spent)</p>"
+        )
+    for r in comp.results.values():
+        if r.timeline:
+            parts.append("<pre>" + html.escape("\n".join(idle_over_time(r))) + "</pre>")
+            parts.append(_png(timeline_figure(r)))
+    return parts
+
+
 def _html(cfg: SimConfig, comp: Comparison) -> str:
     parts = [
         f"<html><head><meta charset='utf-8'><title>{html.escape(cfg.name)}</title></head><body>",
@@ -186,7 +261,9 @@ def _html(cfg: SimConfig, comp: Comparison) -> str:
         f = r.fractions()
         cells = "".join(f"<td>{f.get(s, 0.0):.3f}</td>" for s in states)
         parts.append(f"<tr><td>{html.escape(name)}</td>{cells}</tr>")
-    parts.append("</table><h2>Staleness (samples per version lag)</h2><ul>")
+    parts.append("</table>")
+    parts.extend(_timeline_html(comp))
+    parts.append("<h2>Staleness (samples per version lag)</h2><ul>")
     for name, r in comp.results.items():
         parts.append(f"<li>{html.escape(name)}: {html.escape(str(r.staleness))}</li>")
     parts.append("</ul><h2>Cell roles</h2>")

@@ -17,6 +17,10 @@ STATES = (
 """Where a cell's time goes. ``agents_in_tools``: episodes run but none waits on this cell;
 ``no_episodes``: the policy holds rollouts back (a barrier or the staleness bound)."""
 
+TIMELINE_COUNTS = ("trained_tokens", "steps", "dropped_samples")
+"""What a timeline bucket counts besides every state's cell seconds: the tokens trained and
+steps ended in it, and the samples dropped past the staleness bound by steps started in it."""
+
 
 @dataclass
 class SimResult:
@@ -44,6 +48,11 @@ class SimResult:
     params: dict = field(default_factory=dict)
     rounds: int = 0
     """Rounds the run took (see :mod:`gyre_env.sim.rounds`)."""
+    timeline_s: float = 0.0
+    """Width of a ``timeline`` bucket in simulated seconds (0: no timeline kept)."""
+    timeline: list[dict[str, float]] = field(default_factory=list)
+    """Per bucket of ``timeline_s``, in order: each of ``STATES``' cell seconds and the
+    ``TIMELINE_COUNTS``."""
 
     @property
     def samples_per_hour(self) -> float:
@@ -66,6 +75,25 @@ class SimResult:
 
     def idle_fraction(self) -> float:
         return sum(v for k, v in self.fractions().items() if "idle" in k or k == "switching")
+
+    def timeline_fractions(self) -> list[dict[str, float]]:
+        """Each timeline bucket's states as shares of the cell time in it (the counts
+        kept as they are); the last bucket counts only up to the run's end."""
+        out = []
+        for b, row in enumerate(self.timeline):
+            span = min(self.timeline_s, self.duration_s - b * self.timeline_s)
+            total = self.cells * span
+            out.append(
+                {k: (v / total if k in STATES and total > 0 else v) for k, v in row.items()}
+            )
+        return out
+
+    def idle_free_tokens_per_hour(self) -> float:
+        """Trained tokens per hour had no cell idled or switched, at the cell time per
+        trained token this run spent (throughput over its busy fraction)."""
+        b = self.busy_fraction()
+        busy = b["rollout"] + b["training"]
+        return self.tokens_per_hour / busy if busy > 0 else 0.0
 
     def time_to_steps(self, n: int) -> float | None:
         return self.step_end_times[n - 1] if len(self.step_end_times) >= n else None

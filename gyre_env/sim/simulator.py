@@ -34,7 +34,7 @@ import numpy as np
 
 from gyre_env.scheduler.policy import Decision, Observation, Policy, Role, SwitchCosts
 from gyre_env.sim.config import SimConfig
-from gyre_env.sim.result import STATES, SimResult
+from gyre_env.sim.result import STATES, TIMELINE_COUNTS, SimResult
 from gyre_env.sim.rounds import (
     CALL,
     FREE,
@@ -78,6 +78,9 @@ class Simulation:
             c.context_halfspeed_tokens,
         )  # fmt: skip
         self.seconds = dict.fromkeys(STATES, 0.0)
+        self._bucket_s = cfg.timeline_s if cfg.timeline_s > 0 else None
+        self.timeline: list[dict[str, float]] = []
+        """Per ``timeline_s`` bucket: every state's cell seconds and ``TIMELINE_COUNTS``."""
         self.gantt: list[tuple[int, float, float, str]] = []
         self._gantt_open = [("", 0.0)] * n
         self._slot_s = self._slot_cap_s = 0.0
@@ -305,14 +308,44 @@ class Simulation:
         self._load0 = self.load.copy()
         self._slot_s += slot_s
         self._slot_cap_s += self._cap_r * dt
-        sec = self.seconds
-        sec["rollout/serving"] += serve_s
         idle = "rollout/idle:agents_in_tools" if self.running_eps else "rollout/idle:no_episodes"
-        sec[idle] += self._n_serving * dt - serve_s
-        sec["switching"] += self._n_switching * dt
         stepping = len(self.step_cells)
-        sec["training/sync" if self._publishing else "training/step"] += stepping * dt
-        sec["training/idle:no_batch"] += (self._n_training - stepping) * dt
+        spent = (
+            ("rollout/serving", serve_s),
+            (idle, self._n_serving * dt - serve_s),
+            ("switching", self._n_switching * dt),
+            ("training/sync" if self._publishing else "training/step", stepping * dt),
+            ("training/idle:no_batch", (self._n_training - stepping) * dt),
+        )
+        sec = self.seconds
+        for state, s in spent:
+            sec[state] += s
+        self._to_buckets(t0, t1, spent)
+
+    def _to_buckets(self, t0: float, t1: float, spent) -> None:
+        """Spread ``[t0, t1)``'s state seconds over the timeline's buckets it overlaps."""
+        width = self._bucket_s
+        if width is None or t1 <= t0:
+            return
+        b, last = int(t0 // width), int(t1 // width)
+        while b <= last:
+            share = (min(t1, (b + 1) * width) - max(t0, b * width)) / (t1 - t0)
+            if share > 0:
+                row = self._bucket(b)
+                for state, s in spent:
+                    row[state] += s * share
+            b += 1
+
+    def _bucket(self, b: int) -> dict[str, float]:
+        """The timeline's bucket ``b`` (buckets before it created empty)."""
+        while len(self.timeline) <= b:
+            self.timeline.append(dict.fromkeys((*STATES, *TIMELINE_COUNTS), 0.0))
+        return self.timeline[b]
+
+    def _count(self, what: str, n: float) -> None:
+        """Add ``n`` to ``what`` in the bucket of now (a ``TIMELINE_COUNTS`` key)."""
+        if self._bucket_s is not None:
+            self._bucket(int(self.t // self._bucket_s))[what] += n
 
     # ---- episodes and groups -----------------------------------------------------------
     def _admit(self, groups: int) -> None:
@@ -396,6 +429,7 @@ class Simulation:
             self.groups_trained += 1
             if self.trainer_version - min(versions) > bound:
                 self.stats["dropped"] += n
+                self._count("dropped_samples", n)
                 continue
             taken.append((tok, versions, n))
             tokens += tok
@@ -422,6 +456,8 @@ class Simulation:
         self.trainer_version += 1
         self.trained_samples += sum(n for _, _, n in self.step_groups)
         self.trained_tokens += sum(tok for tok, _, _ in self.step_groups)
+        self._count("trained_tokens", sum(tok for tok, _, _ in self.step_groups))
+        self._count("steps", 1)
         cells, self.step_cells, self.step_groups = self.step_cells, [], []
         self._step_set, self._in_step_flags = frozenset(), None
         self.version[self._serving] = self.trainer_version
@@ -619,7 +655,17 @@ class Simulation:
             gantt=self.gantt,
             params=dict(getattr(self.policy, "params", {}) or {}),
             rounds=self.rounds,
+            timeline_s=self._bucket_s or 0.0,
+            timeline=self._timeline(end),
         )
+
+    def _timeline(self, end: float) -> list[dict[str, float]]:
+        """The buckets up to ``end`` (an empty one for every bucket the run reached)."""
+        if self._bucket_s is None:
+            return []
+        if end > 0:
+            self._bucket(max(0, math.ceil(end / self._bucket_s) - 1))
+        return [dict(row) for row in self.timeline]
 
 
 def simulate(cfg: SimConfig, policy: Policy, workload=None) -> SimResult:

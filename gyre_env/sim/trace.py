@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import re
 import sqlite3
 import time
@@ -322,20 +323,49 @@ def _fit(values: list[float], **kw) -> Dist:
     return Dist(median=float(np.exp(logs.mean())), sigma=float(logs.std()), **kw)
 
 
-def fit_workload(trace: RunTrace) -> WorkloadConfig:
+def _split_spread(groups: list[np.ndarray]) -> tuple[float, float]:
+    """(within-group, between-group) log-space standard deviations of ``groups``' values
+    (one-way analysis of variance: the between part is what the group means spread beyond
+    what their within-group noise explains)."""
+    logs = [np.log(np.maximum(g, 1e-9)) for g in groups if len(g)]
+    if not logs:
+        return 0.0, 0.0
+    within = float(np.mean(np.concatenate([v - v.mean() for v in logs]) ** 2))
+    means = np.array([v.mean() for v in logs])
+    noise = float(np.mean([within / len(v) for v in logs]))
+    between = max(float(means.var()) - noise, 0.0) if len(means) > 1 else 0.0
+    return math.sqrt(within), math.sqrt(between)
+
+
+def fit_workload(trace: RunTrace, *, by_group: bool = False) -> WorkloadConfig:
     """Distributions fitted to the trace's episodes: what a fresh draw of the same workload
-    looks like (the simulator then prices calls with :func:`fit_cells`)."""
+    looks like (the simulator then prices calls with :func:`fit_cells`). ``by_group``: a
+    group's episodes share one task, so the spread of turns and of tool times is split
+    into a part the group shares (``group_turns_sigma`` / ``group_tool_sigma``) and the
+    rest, within it; else every episode is drawn on its own."""
     eps = [e for g in trace.groups for e in g]
     turns = [len(e.output) for e in eps]
+    turns_dist, tool_dist = _fit(turns, min=1.0), _fit([x for e in eps for x in e.tool_s])
+    turns_between = tool_between = 0.0
+    if by_group:
+        turns_within, turns_between = _split_spread(
+            [np.array([len(e.output) for e in g], np.float64) for g in trace.groups]
+        )
+        tools = [np.array([x for e in g for x in e.tool_s if x > 0]) for g in trace.groups]
+        tool_within, tool_between = _split_spread(tools)
+        turns_dist = dataclasses.replace(turns_dist, sigma=min(turns_dist.sigma, turns_within))
+        tool_dist = dataclasses.replace(tool_dist, sigma=min(tool_dist.sigma, tool_within))
     return WorkloadConfig(
         source="fitted",
         group_size=trace.group_size,
         max_concurrent_episodes=trace.parallel,
-        turns=_fit(turns, min=1.0),
+        turns=turns_dist,
+        group_turns_sigma=turns_between,
         first_prompt_tokens=_fit([e.prompt_new[0] for e in eps if e.prompt_new]),
         turn_prompt_tokens=_fit([x for e in eps for x in e.prompt_new[1:]] or [0.0]),
         output_tokens=_fit([x for e in eps for x in e.output], min=1.0),
-        tool_s=_fit([x for e in eps for x in e.tool_s]),
+        tool_s=tool_dist,
+        group_tool_sigma=tool_between,
         setup_s=_fit([e.setup_s for e in eps]),
         scoring_s=_fit([e.scoring_s for e in eps]),
         zero_variance_fraction=float(np.mean([not g[0].trained for g in trace.groups])),
@@ -347,7 +377,9 @@ def fit_workload(trace: RunTrace) -> WorkloadConfig:
 class Validation:
     """Predicted against measured wall time of a run's RL iterations, for one way of
     building the workload: ``replay`` (measured call times), ``cell-model`` (calls priced
-    by :func:`fit_cells`), ``fitted seed N`` (fresh episodes from :func:`fit_workload`)."""
+    by :func:`fit_cells`), ``fitted seed N`` (fresh episodes from :func:`fit_workload`),
+    ``by-group seed N`` (the same with a group's episodes sharing its task's size),
+    ``held-out`` (:func:`validate_held_out`)."""
 
     folder: str
     mode: str
@@ -377,9 +409,11 @@ def validate_run(folder: str | Path, fitted_seeds: int = 3) -> list[Validation]:
         ("replay", cfg, TraceWorkload(trace.groups)),
         ("cell-model", cfg, TraceWorkload(trace.groups, replay_calls=False)),
     ]
-    for seed in range(fitted_seeds):
-        fitted = dataclasses.replace(cfg, workload=fit_workload(trace), seed=seed)
-        runs.append((f"fitted seed {seed}", fitted, FittedWorkload(fitted.workload, seed)))
+    for label, by_group in (("fitted", False), ("by-group", True)):
+        work = fit_workload(trace, by_group=by_group)
+        for seed in range(fitted_seeds):
+            fitted = dataclasses.replace(cfg, workload=work, seed=seed)
+            runs.append((f"{label} seed {seed}", fitted, FittedWorkload(work, seed)))
     return simulate_each(
         str(folder), runs, ColocatedSyncPolicy, measured, trace.iterations, unit="iterations"
     )
@@ -617,22 +651,29 @@ def _fit_steps(rows: list[tuple[int, int, float]]) -> tuple[float, float, float]
     return float((tok / n).sum() / y.sum()), 1.0, 0.0
 
 
-def fit_elastic_cells(trace: ElasticTrace) -> CellConfig:
-    """The run's cells priced from its trace: calls as in ``fit_cells`` (in flight counted
+def fit_elastic_cells(
+    trace: ElasticTrace, fit_on: list[ElasticTrace] | None = None
+) -> CellConfig:
+    """The cells of ``trace``'s run (its count, batch and switch-cost prior) priced from the
+    measurements of ``fit_on`` (default: ``trace`` itself; other runs: a prediction of a
+    run none of whose timings were fitted): calls as in ``fit_cells`` (in flight counted
     per engine), steps by :func:`_fit_steps`, switches at their measured mean per
-    direction (their log-space spread around it as jitter), the policy's switch-cost prior as the run's.
+    direction (their log-space spread around it as jitter), pooled over ``fit_on``.
     Weights are published inside the measured step (no separate sync time); a migrated
     call's KV move is part of the measured switch (no separate transfer time)."""
-    prefill_tps, decode_tps, slowdown = _fit_calls(trace.calls)
-    tps, dp, overhead = _fit_steps(trace.step_rows)
+    fit_on = fit_on if fit_on is not None else [trace]
+    tables = [t.calls for t in fit_on if t.calls is not None and len(t.calls)]
+    prefill_tps, decode_tps, slowdown = _fit_calls(np.concatenate(tables) if tables else None)
+    tps, dp, overhead = _fit_steps([row for t in fit_on for row in t.step_rows])
+    switches = {k: [s for t in fit_on for s in t.switches.get(k, [])] for k in ("TRAINING", "ROLLOUT")}
     # the spread of each direction's switches around their own mean, pooled
     spread = [
-        np.log(s) - np.log(v).mean() for v in map(np.array, trace.switches.values()) if len(v) > 1
+        np.log(s) - np.log(v).mean() for v in map(np.array, switches.values()) if len(v) > 1
         for s in v
     ]  # fmt: skip
     jitter = float(np.sqrt(np.mean(np.square(spread)))) if spread else 0.0
     to_t, to_r = (
-        float(np.mean(trace.switches[k])) if trace.switches.get(k) else trace.switch_prior_s
+        float(np.mean(switches[k])) if switches[k] else trace.switch_prior_s
         for k in ("TRAINING", "ROLLOUT")
     )
     return CellConfig(
@@ -654,9 +695,12 @@ def fit_elastic_cells(trace: ElasticTrace) -> CellConfig:
     )
 
 
-def elastic_config(trace: ElasticTrace, *, seed: int = 0) -> SimConfig:
-    """A simulation of the traced run: its cells, agent slots, batch, staleness bound and
-    decision interval, ending on its number of steps."""
+def elastic_config(
+    trace: ElasticTrace, *, seed: int = 0, fit_on: list[ElasticTrace] | None = None
+) -> SimConfig:
+    """A simulation of the traced run: its cells (priced from ``fit_on``'s measurements,
+    default its own), agent slots, batch, staleness bound and decision interval, ending on
+    its number of steps."""
     return SimConfig(
         name=f"replay of {trace.path.parent}",
         seed=seed,
@@ -664,7 +708,7 @@ def elastic_config(trace: ElasticTrace, *, seed: int = 0) -> SimConfig:
         max_steps=trace.steps,
         decision_interval_s=trace.decision_interval_s,
         resolution_s=min(trace.decision_interval_s, 0.05),
-        cells=fit_elastic_cells(trace),
+        cells=fit_elastic_cells(trace, fit_on),
         workload=WorkloadConfig(
             source="trace",
             trace=str(trace.path),
@@ -714,9 +758,60 @@ def validate_elastic(path: str | Path, fitted_seeds: int = 3) -> list[Validation
         ("replay", cfg, TraceWorkload(trace.groups)),
         ("cell-model", cfg, TraceWorkload(trace.groups, replay_calls=False)),
     ]
-    fitted_workload = dataclasses.replace(fit_workload(trace), max_context_tokens=10**9)
-    for seed in range(fitted_seeds):
-        fitted = dataclasses.replace(cfg, workload=fitted_workload, seed=seed)
-        runs.append((f"fitted seed {seed}", fitted, FittedWorkload(fitted.workload, seed)))
+    for label, by_group in (("fitted", False), ("by-group", True)):
+        work = dataclasses.replace(fit_workload(trace, by_group=by_group), max_context_tokens=10**9)
+        for seed in range(fitted_seeds):
+            fitted = dataclasses.replace(cfg, workload=work, seed=seed)
+            runs.append((f"{label} seed {seed}", fitted, FittedWorkload(work, seed)))
     policy = functools.partial(make_policy, trace.policy, trace.policy_params)
     return simulate_each(str(trace.path.parent), runs, policy, trace.measured_s)
+
+
+def validate_held_out(fit: list, predict: list) -> list[Validation]:
+    """Runs predicted from other runs: the cells (call, step and switch costs) fitted on
+    the elastic traces ``fit`` only, then each run of ``predict`` (none of them in ``fit``)
+    simulated with the policy it ran, its shape (cells, batch, agent slots, bound) and
+    its agents' own work (each call's tokens, each tool wait), every call priced by
+    the fitted cell model (``held-out``: none of its measured timings is an input), against
+    its measured wall time."""
+    from gyre_env.sim.workload import TraceWorkload
+
+    fits = [load_elastic_trace(p) for p in fit]
+    fitted_paths = {t.path.resolve() for t in fits}
+    out = []
+    for path in predict:
+        trace = load_elastic_trace(path)
+        if trace.path.resolve() in fitted_paths:
+            raise ValueError(f"{path}: in both the fitted and the predicted runs")
+        cfg = elastic_config(trace, fit_on=fits)
+        run = [("held-out", cfg, TraceWorkload(trace.groups, replay_calls=False))]
+        policy = functools.partial(make_policy, trace.policy, trace.policy_params)
+        out += simulate_each(str(trace.path.parent), run, policy, trace.measured_s)
+    return out
+
+
+def group_factor(groups: list[list[Episode]]) -> dict[str, float]:
+    """How much of an episode's size its group shares (a group's episodes are one task):
+    for turns, tokens and agent-side (tool) seconds per episode, the intra-group
+    correlation in log space, ``(MSB - MSW) / (MSB + (k - 1) MSW)`` of a one-way analysis
+    of variance over the groups (0: episodes of a group are as different as any two; 1:
+    a group's episodes are alike; NaN: no spread to share)."""
+    quantities = {
+        "turns": lambda e: len(e.output),
+        "tokens": lambda e: e.tokens,
+        "tool_s": lambda e: float(np.sum(e.tool_s)),
+    }
+    groups = [g for g in groups if len(g) > 1]
+    out = {}
+    for name, of in quantities.items():
+        x = [np.log(np.maximum([of(e) for e in g], 1e-9)) for g in groups]
+        if len(x) < 2:
+            out[name] = float("nan")
+            continue
+        k = float(np.mean([len(v) for v in x]))
+        grand = np.mean(np.concatenate(x))
+        msb = sum(len(v) * (v.mean() - grand) ** 2 for v in x) / (len(x) - 1)
+        msw = sum(((v - v.mean()) ** 2).sum() for v in x) / sum(len(v) - 1 for v in x)
+        den = msb + (k - 1) * msw
+        out[name] = float(np.clip((msb - msw) / den, 0.0, 1.0)) if den > 1e-12 else float("nan")
+    return out

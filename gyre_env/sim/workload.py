@@ -10,6 +10,7 @@ same for the same seed whenever it is asked for.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -60,6 +61,13 @@ def dist_mean(dist: Dist, rng: np.random.Generator | None = None, n: int = 20000
     return float(draw(dist, rng or np.random.default_rng(0), n).mean())
 
 
+def _scaled(dist: Dist, values: np.ndarray, factor: float) -> np.ndarray:
+    """``values`` drawn from ``dist`` times a group's task ``factor``, kept in the range
+    ``dist`` is clipped to (the factor moves a group within the sizes the distribution
+    spans, it does not make new ones)."""
+    return values if factor == 1.0 else np.clip(values * factor, dist.min, dist.max)
+
+
 class FittedWorkload:
     """Groups drawn from a :class:`WorkloadConfig`'s distributions."""
 
@@ -81,19 +89,27 @@ class FittedWorkload:
 
     def _draw_group(self, rng: np.random.Generator, phase=None) -> list[Episode]:
         """One group's episodes, every distribution drawn once for the whole group; a
-        ``phase`` scales its turns, tool times and outputs."""
+        ``phase`` scales its turns, tool times and outputs, and so does the group's own
+        task factor (``group_turns_sigma`` / ``group_tool_sigma``: a group's episodes are
+        one task, alike in size)."""
         cfg, size = self.cfg, self.cfg.group_size
         turns_k, tool_k, out_k = (
             (phase.turns_scale, phase.tool_scale, phase.output_scale) if phase else (1, 1, 1)
         )
         trained = bool(rng.random() >= cfg.zero_variance_fraction)
-        n = np.maximum(1, np.round(draw(cfg.turns, rng, size) * turns_k)).astype(np.int64)
+        task_turns = task_tool = 1.0
+        if cfg.group_turns_sigma or cfg.group_tool_sigma:  # the group's task: one size for all
+            z = float(rng.standard_normal())
+            task_turns = math.exp(cfg.group_turns_sigma * z)
+            task_tool = math.exp(cfg.group_tool_sigma * z)
+        turns = _scaled(cfg.turns, draw(cfg.turns, rng, size), task_turns)
+        n = np.maximum(1, np.round(turns * turns_k)).astype(np.int64)
         bounds = np.concatenate(([0], np.cumsum(n)))
         prompt = draw(cfg.turn_prompt_tokens, rng, int(bounds[-1])).round().astype(np.int64)
         prompt[bounds[:-1]] = np.round(draw(cfg.first_prompt_tokens, rng, size)).astype(np.int64)
         output = draw(cfg.output_tokens, rng, len(prompt)) * out_k
         output = np.maximum(output.round(), 1).astype(np.int64)
-        tool = draw(cfg.tool_s, rng, len(prompt)) * tool_k
+        tool = _scaled(cfg.tool_s, draw(cfg.tool_s, rng, len(prompt)), task_tool) * tool_k
         setup, scoring = draw(cfg.setup_s, rng, size), draw(cfg.scoring_s, rng, size)
         # each episode's turns up to the context limit: its context after each turn is
         # the running sum from its first turn; non-negative tokens make it non-decreasing,

@@ -119,3 +119,28 @@ def test_tool_delays_are_jittered_the_same_way_in_every_run():
     assert workload(0.0).tool_delay("g0.e0", 0) == 1.0
     a.stop()  # no model call is made (the URL is never used)
     assert a.run_group(0).trees == []
+
+
+def test_tool_loop_phases_shape_their_groups_in_order_and_repeat():
+    """A changing load (``benchmarks/elastic.py --changing-load``): group ``i`` takes its
+    phase's turns and tool scale, the phases cycling; a bad phase is refused by name."""
+    import pytest
+
+    from gyre_env.scheduler.chat_workload import (
+        RecordBook,
+        ToolLoopConfig,
+        ToolLoopPhase,
+        ToolLoopWorkload,
+    )
+
+    phases = [ToolLoopPhase(groups=2, turns=1, tool_scale=0.5), ToolLoopPhase(groups=1)]
+    cfg = ToolLoopConfig(turns=4, tool_delay_s=2.0, phases=phases)
+    assert [cfg.turns_of(i) for i in range(6)] == [1, 1, 4, 1, 1, 4]
+    w = ToolLoopWorkload(lambda s: "http://unused", RecordBook(), cfg)
+    assert [w.tool_delay(f"g{i}.e0", 0, i) for i in range(3)] == [1.0, 1.0, 2.0]
+    assert w.tool_delay("g0.e0", 0) == 2.0  # no group named: the base delay
+    assert ToolLoopConfig().phase_of(3) is None and ToolLoopConfig().turns_of(3) == 3
+    with pytest.raises(ValueError, match="turns >= 1"):
+        ToolLoopPhase(groups=1, turns=0)
+    with pytest.raises(ValueError, match="tool_scale > 0"):
+        ToolLoopPhase(groups=1, tool_scale=0.0)

@@ -27,7 +27,10 @@ from gyre_env.sim.trace import (
 from gyre_env.sim.workload import draw
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = {"colocated": "colocated", "static_split": "static1-1", "waterlevel": "waterlevel"}
+FOLDERS = {
+    "colocated": "colocated", "static_split": "static1-1", "async": "async1-1",
+    "waterlevel": "waterlevel",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +69,7 @@ def test_the_trace_holds_what_the_run_did(traces, policy):
 @pytest.mark.parametrize("policy", sorted(FOLDERS))
 def test_the_simulator_replays_the_run_with_its_policy(traces, policy):
     rows = validate_elastic(traces / FOLDERS[policy], fitted_seeds=1)
-    assert [r.mode for r in rows] == ["replay", "cell-model", "fitted seed 0"]
+    assert [r.mode for r in rows] == ["replay", "cell-model", "fitted seed 0", "by-group seed 0"]
     for r in rows:
         assert r.policy == policy and r.count == 2 and r.unit == "steps"
         # a sanity bound only: a 2-step run of a few seconds is at the mercy of one
@@ -155,3 +158,82 @@ def test_the_validation_script_names_a_folder_it_cannot_read(tmp_path):
         )
         assert done.returncode == 2 and why in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_held_out_runs_are_priced_only_by_the_fitted_runs(traces):
+    from gyre_env.sim.trace import validate_held_out
+
+    fit, held = load_elastic_trace(traces / "colocated"), load_elastic_trace(traces / "waterlevel")
+    priced = fit_elastic_cells(held, [fit])
+    own = fit_elastic_cells(fit)
+    # the call, step and switch costs are the fitted run's; the shape is the predicted one's
+    assert priced.decode_tokens_per_s == own.decode_tokens_per_s
+    assert priced.train_tokens_per_s == own.train_tokens_per_s
+    assert priced.switch_to_training_s == own.switch_to_training_s
+    assert (priced.count, priced.max_concurrent) == (held.cells, held.max_batch_size)
+    (v,) = validate_held_out([traces / "colocated"], [traces / "waterlevel"])
+    assert v.mode == "held-out" and v.policy == "waterlevel" and v.measured_s == held.measured_s
+    with pytest.raises(ValueError, match="in both the fitted and the predicted runs"):
+        validate_held_out([traces / "colocated"], [traces / "colocated"])
+
+
+def test_the_held_out_validation_enforces_its_tolerance(traces):
+    script = [sys.executable, str(ROOT / "benchmarks" / "simulator_validation.py")]
+    fit = ["--fit", str(traces / "colocated"), str(traces / "static1-1")]
+    predict = ["--predict", str(traces / "waterlevel")]
+
+    def run(*extra):
+        return subprocess.run(
+            [*script, *fit, *predict, *extra], capture_output=True, text=True, timeout=120
+        )
+
+    loose = run("--tolerance", "100")
+    assert loose.returncode == 0, loose.stderr[-2000:]
+    assert "held-out" in loose.stdout and "per-group factor" in loose.stdout
+    assert "met" in loose.stdout.splitlines()[-1]
+    strict = run("--tolerance", "0")  # no prediction is exact: the exit status says so
+    assert strict.returncode == 1 and "MISSED" in strict.stdout
+    both = subprocess.run(
+        [*script, *fit, "--predict", str(traces / "colocated")], capture_output=True, text=True
+    )
+    assert both.returncode == 2 and "both fitted and predicted" in both.stderr
+
+
+def test_the_group_factor_says_how_alike_a_groups_episodes_are():
+    from gyre_env.sim.trace import group_factor
+    from gyre_env.sim.workload import Episode
+
+    def ep(turns: int, tool: float) -> Episode:
+        return Episode(setup_s=0.0, scoring_s=0.0, prompt_new=[10] * turns,
+                       output=[5] * turns, tool_s=[tool] * turns)  # fmt: skip
+
+    rng = np.random.default_rng(0)
+    alike = [[ep(t, 1.0 + t) for _ in range(4)] for t in (2, 5, 9, 14, 3)]
+    f = group_factor(alike)
+    assert f["turns"] == pytest.approx(1.0) and f["tool_s"] == pytest.approx(1.0)
+    apart = [[ep(int(rng.integers(1, 30)), 1.0) for _ in range(8)] for _ in range(60)]
+    assert group_factor(apart)["turns"] < 0.15
+
+
+def test_fitted_episodes_keep_the_groups_share_of_their_size():
+    # groups of one task each: turns 2 or 12 by group, alike within one; a fitted workload
+    # that drew episodes one by one would mix them (and a group's slowest episode with it)
+    from types import SimpleNamespace
+
+    from gyre_env.sim.trace import fit_workload
+    from gyre_env.sim.workload import Episode, FittedWorkload
+
+    def ep(turns: int) -> Episode:
+        return Episode(setup_s=0.0, scoring_s=0.0, prompt_new=[10] * turns,
+                       output=[5] * turns, tool_s=[0.5 * turns] * turns)  # fmt: skip
+
+    groups = [[ep(2 if g % 2 else 12) for _ in range(4)] for g in range(40)]
+    trace = SimpleNamespace(groups=groups, group_size=4, parallel=8)
+    assert fit_workload(trace).group_turns_sigma == 0.0  # drawn one by one unless asked
+    w = fit_workload(trace, by_group=True)
+    assert w.group_turns_sigma > 0.8 and w.turns.sigma < 0.05
+    assert w.group_tool_sigma > 0.8 and w.tool_s.sigma < 0.05
+    work = FittedWorkload(w, seed=1)
+    spans = [np.ptp([len(e.output) for e in work.group(g)]) for g in range(30)]
+    sizes = [len(work.group(g)[0].output) for g in range(30)]
+    assert max(spans) <= 1 and max(sizes) >= 2 * min(sizes)

@@ -64,7 +64,8 @@ class Checked(Simulation):
         super()._admit(groups)
         t = self.cfg.training
         limit = (self.trainer_version + t.staleness_bound + 1) * t.groups_per_step
-        limit += self.groups_discarded
+        # (waterlevel: plus the groups its grown steps took beyond one batch, admitted back)
+        limit += self.groups_discarded + getattr(self.policy, "grown_groups", 0)
         self.max_started_over_bound = max(self.max_started_over_bound, self.group_started - limit)
 
 
@@ -311,13 +312,51 @@ def test_waterlevel_sends_no_cell_to_training_while_a_long_step_runs():
 
 
 def test_waterlevel_idle_training_cells_serve_at_low_water_while_no_step_is_near():
-    # low water (no queue), no batch due: training cells beyond the one a small step is
-    # worth go back to spread the calls; with a batch due they stay
+    # low water (no queue), the next batch a minute off (one group of two ready, one group
+    # finished a minute ago): training cells beyond the one a small step is worth go back
+    # to spread the calls; with a batch due they stay
     roles = (Role.ROLLOUT, Role.TRAINING, Role.TRAINING, Role.TRAINING)
     low = dict(roles=roles, waterlevel=6, in_flight=(6, 0, 0, 0), ready_tokens=10_000)
-    d = WaterlevelPolicy().decide(_obs(**low, groups_ready=1))  # 20 cell-s: one cell's worth
+
+    def minute_off() -> WaterlevelPolicy:
+        policy = WaterlevelPolicy()
+        policy.decide(_obs(**low, time=940.0))  # 0 groups done by then: 1 a minute
+        return policy
+
+    d = minute_off().decide(_obs(**low, groups_ready=1))  # 20 cell-s: one cell's worth
     assert len(d.switches) == 2 and {s.to for s in d.switches} == {Role.ROLLOUT}
-    assert WaterlevelPolicy().decide(_obs(**low, groups_ready=2)).switches == ()
+    assert minute_off().decide(_obs(**low, groups_ready=2)).switches == ()
+
+
+def test_waterlevel_holds_no_idle_training_cell_while_the_next_batch_is_far_off():
+    # the defect this guards (a slow sandbox pool, issue 37): a step's worth of cells
+    # (a third of the cluster) idled in training for hours while the next batch was an
+    # hour away; now every idle one serves until the batch is within hold_round_trips
+    roles = (Role.ROLLOUT, Role.TRAINING, Role.TRAINING, Role.TRAINING)
+    low = dict(roles=roles, waterlevel=6, in_flight=(6, 0, 0, 0), ready_tokens=400_000)
+    policy = WaterlevelPolicy()
+    policy.decide(_obs(**low, time=0.0))  # a group a thousand seconds: the batch 1000 s off
+    far = _obs(**low, groups_ready=1)
+    d = policy.decide(far)  # a step of 400 cell-s is worth all three cells, but it is 83
+    assert policy.batch_due_s(far) == pytest.approx(1000.0)  # round trips away: they serve
+    assert sorted(s.cell for s in d.switches) == [1, 2, 3]
+    assert {s.to for s in d.switches} == {Role.ROLLOUT}
+    near = WaterlevelPolicy(hold_round_trips=100.0)
+    near.decide(_obs(**low, time=0.0))
+    assert near.decide(_obs(**low, groups_ready=1)).switches == ()  # within 100: they stay
+
+
+def test_waterlevel_does_not_grow_a_step_under_load():
+    # requests queue and admissions wait on the trainer (the bound is reached): two batches
+    # ready, the step takes one (grown steps there, their groups admitted back, put more
+    # work in flight than the bound's batches: 24 h curriculum, 2.7x the stale drops)
+    policy = WaterlevelPolicy()
+    roles = (Role.ROLLOUT,) + (Role.TRAINING,) * 3
+    obs = dict(roles=roles, groups_ready=4, ready_tokens=40_000, groups_started=6)
+    obs.update(queue=12, waterlevel=20, in_flight=(8, 0, 0, 0))
+    assert policy.admits(_obs(**obs)) == 0
+    assert policy.decide(_obs(**obs)).train_groups == 2
+    assert policy.grown_groups == 0
 
 
 def test_waterlevel_grows_a_step_at_low_load_without_shrinking_the_work_in_flight():

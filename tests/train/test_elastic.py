@@ -92,7 +92,7 @@ def test_gyre_train_elastic_switches_roles_and_trains(tmp_path, capsys):
     assert all(len(grp) == 2 for grp in trace.groups)  # rollout.group_size episodes each
     assert trace.measured_s == pytest.approx(data["wall_s"])
     rows = validate_elastic(out, fitted_seeds=1)
-    assert [v.mode for v in rows] == ["replay", "cell-model", "fitted seed 0"]
+    assert [v.mode for v in rows] == ["replay", "cell-model", "fitted seed 0", "by-group seed 0"]
     assert all(v.policy == "waterlevel" and v.predicted_s > 0 for v in rows)
 
 
