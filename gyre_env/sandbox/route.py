@@ -17,7 +17,7 @@ SOCKET_DIR_IN_SANDBOX = "/run/gyre"
 
 # Runs inside the sandbox with its python3 (stdlib only). Threads relay bytes both ways.
 FORWARDER = r"""
-import socket, sys, threading
+import socket, sys, threading, time
 path, port = sys.argv[1], int(sys.argv[2])
 def pipe(a, b):
     try:
@@ -35,12 +35,18 @@ def pipe(a, b):
             except OSError:
                 pass
 def serve(client):
-    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        upstream.connect(path)
-    except OSError:
-        client.close()
-        return
+    for attempt in range(20):  # a proxy busy or restarting: retry for about 2 s
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            upstream.connect(path)
+            break
+        except OSError as e:
+            upstream.close()
+            if attempt == 19:
+                print(f"cannot reach the proxy at {path}: {e}", file=sys.stderr, flush=True)
+                client.close()
+                return
+            time.sleep(0.1)
     threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
     pipe(client, upstream)
 srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
