@@ -92,9 +92,7 @@ def held_out(parser, args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "runs", nargs="*", help="gyre train run folders, or elastic trace folders"
-    )
+    parser.add_argument("runs", nargs="*", help="gyre train run folders, or elastic trace folders")
     parser.add_argument("--fit", nargs="+", default=[], help="elastic runs to fit the cells on")
     parser.add_argument("--predict", nargs="+", default=[], help="elastic runs to predict")
     parser.add_argument("--fitted-seeds", type=int, default=3)

@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     jobs, digests, stationary = plan(args.configs, args.hours, args.seeds, args.peers)
     cache = json.loads(args.cache.read_text()) if args.cache and args.cache.is_file() else {}
     keys = [_key(digests[j[0]], *j[1:]) for j in jobs]
-    todo = [j for j, key in zip(jobs, keys, strict=True) if j[3] == "waterlevel" or key not in cache]
+    todo = [
+        j for j, key in zip(jobs, keys, strict=True) if j[3] == "waterlevel" or key not in cache
+    ]
     print(f"{len(jobs)} runs, {len(jobs) - len(todo)} from the cache", file=sys.stderr, flush=True)
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -166,7 +168,11 @@ def report(args, jobs, keys, results, stationary) -> None:
         target = TARGET_STATIONARY if stationary[path] else TARGET_CHANGING
         kind = "stationary" if stationary[path] else "changing"
         missed = sum(w / b < target for w, b in pairs)
-        verdict = "meets it on every seed" if not missed else f"misses it on {missed} of {len(pairs)} seeds"
+        verdict = (
+            "meets it on every seed"
+            if not missed
+            else f"misses it on {missed} of {len(pairs)} seeds"
+        )
         print(
             f"  {Path(path).stem.removeprefix('simulate_'):<24}{h:>4g} h  {ratio:.3f}x "
             f"(min {low:.3f}x)  {kind}: target {target:.1f}x, {verdict}"

@@ -46,7 +46,6 @@ class Comparison:
         base = self.results[best].trained_tokens
         return self.results["waterlevel"].trained_tokens / base if base else None
 
-
     def ceiling(self) -> float | None:
         """The idle-free ceiling: the largest idle-free throughput of any policy's run
         (:meth:`SimResult.idle_free_tokens_per_hour`) over the best peer's throughput.

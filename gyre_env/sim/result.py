@@ -83,9 +83,7 @@ class SimResult:
         for b, row in enumerate(self.timeline):
             span = min(self.timeline_s, self.duration_s - b * self.timeline_s)
             total = self.cells * span
-            out.append(
-                {k: (v / total if k in STATES and total > 0 else v) for k, v in row.items()}
-            )
+            out.append({k: (v / total if k in STATES and total > 0 else v) for k, v in row.items()})
         return out
 
     def idle_free_tokens_per_hour(self) -> float:

@@ -651,9 +651,7 @@ def _fit_steps(rows: list[tuple[int, int, float]]) -> tuple[float, float, float]
     return float((tok / n).sum() / y.sum()), 1.0, 0.0
 
 
-def fit_elastic_cells(
-    trace: ElasticTrace, fit_on: list[ElasticTrace] | None = None
-) -> CellConfig:
+def fit_elastic_cells(trace: ElasticTrace, fit_on: list[ElasticTrace] | None = None) -> CellConfig:
     """The cells of ``trace``'s run (its count, batch and switch-cost prior) priced from the
     measurements of ``fit_on`` (default: ``trace`` itself; other runs: a prediction of a
     run none of whose timings were fitted): calls as in ``fit_cells`` (in flight counted
@@ -665,7 +663,9 @@ def fit_elastic_cells(
     tables = [t.calls for t in fit_on if t.calls is not None and len(t.calls)]
     prefill_tps, decode_tps, slowdown = _fit_calls(np.concatenate(tables) if tables else None)
     tps, dp, overhead = _fit_steps([row for t in fit_on for row in t.step_rows])
-    switches = {k: [s for t in fit_on for s in t.switches.get(k, [])] for k in ("TRAINING", "ROLLOUT")}
+    switches = {
+        k: [s for t in fit_on for s in t.switches.get(k, [])] for k in ("TRAINING", "ROLLOUT")
+    }
     # the spread of each direction's switches around their own mean, pooled
     spread = [
         np.log(s) - np.log(v).mean() for v in map(np.array, switches.values()) if len(v) > 1

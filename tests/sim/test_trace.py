@@ -116,7 +116,12 @@ def test_gold_steps_count_in_the_iterations_wall_and_training_time(tmp_path):
 def test_validate_run_reports_every_mode_within_tolerance(tmp_path):
     rows = validate_run(make_run(tmp_path / "run"), fitted_seeds=2)
     assert [v.mode for v in rows] == [
-        "replay", "cell-model", "fitted seed 0", "fitted seed 1", "by-group seed 0", "by-group seed 1"
+        "replay",
+        "cell-model",
+        "fitted seed 0",
+        "fitted seed 1",
+        "by-group seed 0",
+        "by-group seed 1",
     ]
     assert all(
         v.policy == "colocated" and v.count == ITERS and v.unit == "iterations" for v in rows
