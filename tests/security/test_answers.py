@@ -30,6 +30,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scoring"))
+from calc_task import write_tree  # noqa: E402
+
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -274,9 +277,7 @@ def test_local_isolates_nothing_and_says_so(install, tmp_path):
 
 
 def _tree(root: Path, *files: str) -> None:
-    for rel in files:
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text("x")
+    write_tree(root, dict.fromkeys(files, "x"))
 
 
 def test_task_data_folders_are_found_where_they_are(tmp_path, monkeypatch):

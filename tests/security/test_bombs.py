@@ -27,6 +27,10 @@ import gymnasium as gym
 import pytest
 
 import gyre_env  # noqa: F401  (registers the env ids)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scoring"))
+from calc_task import write_tree  # noqa: E402
+
 from gyre_env.scoring import OUTCOMES
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -91,10 +95,7 @@ def task_dir(tmp_path_factory) -> Path:
         "visible_tests/tests/test_visible.py": VISIBLE,
         "gold/calc.py": GOLD,
     }
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    return root
+    return write_tree(root, files)
 
 
 # Prints "state PID S" for each pid: its state letter (Z: dead, not yet reaped), or "gone".
