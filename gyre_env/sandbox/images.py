@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -412,6 +413,21 @@ def _image(client, ref: str):
         return client.images.get(ref)
     except docker.errors.ImageNotFound:
         return None
+
+
+@contextmanager
+def staged_build(client, staging: str, tag: str):
+    """Around building ``tag`` under the ``staging`` name: the Docker API's own errors
+    become an ``ImageBuildError`` naming ``tag``, and the staging name is removed after,
+    whatever happened."""
+    try:
+        yield
+    except ImageBuildError:
+        raise
+    except Exception as e:  # the Docker API's own errors
+        raise ImageBuildError(f"docker build of {tag} failed: {_first_line(e)}") from e
+    finally:
+        _remove_quietly(client, staging)
 
 
 def _remove_quietly(client, image_id: str) -> None:

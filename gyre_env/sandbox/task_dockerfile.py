@@ -27,11 +27,10 @@ from pathlib import Path
 
 from gyre_env.sandbox.images import (
     ImageBuildError,
-    _first_line,
     _image,
-    _remove_quietly,
     _split_ref,
     docker_build,
+    staged_build,
 )
 
 RECIPE_VERSION = "1"
@@ -199,7 +198,7 @@ def build_dockerfile_image(task, client, labels: dict, progress=None) -> None:
 
     repo, _ = _split_ref(task.image)
     staging = f"{repo}:gyre-staging-task-{labels['gyre.task.recipe']}"
-    try:
+    with staged_build(client, staging, task.image):
         try:
             docker_build(
                 client,
@@ -219,12 +218,6 @@ def build_dockerfile_image(task, client, labels: dict, progress=None) -> None:
             )
             (Path(ctx) / "Dockerfile").write_text(layer)
             _build(client, ctx, task.image, labels)  # tagged only once it built
-    except ImageBuildError:
-        raise
-    except Exception as e:  # the Docker API's own errors
-        raise ImageBuildError(f"docker build of {task.image} failed: {_first_line(e)}") from e
-    finally:
-        _remove_quietly(client, staging)
 
 
 def _name_failed_line(message: str, dockerfile: Path) -> str:

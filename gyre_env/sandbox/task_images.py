@@ -44,6 +44,7 @@ from gyre_env.sandbox.images import (
     _remove_quietly,
     _split_ref,
     docker_build,
+    staged_build,
 )
 
 LABEL_TASK_RECIPE = "gyre.task.recipe"
@@ -194,15 +195,9 @@ def _build(client, ctx: str, tag: str, labels: dict) -> None:
     """``docker build --network none`` under a staging name, tagged only once it worked."""
     repo, name = _split_ref(tag)
     staging = f"{repo}:gyre-staging-{labels[LABEL_TASK_RECIPE]}"
-    try:
+    with staged_build(client, staging, tag):
         docker_build(client, ctx, staging, labels, "none", None)
         client.images.get(staging).tag(repo, name)
-    except ImageBuildError:
-        raise
-    except Exception as e:  # the Docker API's own errors
-        raise ImageBuildError(f"docker build of {tag} failed: {_first_line(e)}") from e
-    finally:
-        _remove_quietly(client, staging)
 
 
 def build_task_images(
