@@ -20,6 +20,7 @@ folder). The standard loader, grader and ``GoldAgent`` then work unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -48,6 +49,15 @@ HELDOUT_PERCENT = 20
 """Share of variant keys (template, name, constant) that go to ``heldout``."""
 GENERATOR_VERSION = 2
 """Bump when generated content changes meaning; it seeds ids and the split hash."""
+INPUT_MODES = ("fixed", "drawn")
+"""``fixed``: every task of an operation tests the template's four inputs (its hidden
+test file is shared with every task of that operation and argument kind); ``drawn``: each
+task draws its own inputs from a generator seeded by the task, so no two tasks share a
+hidden-test file and an output remembered from another task does not pass."""
+PHRASING_MODES = ("all", "words")
+"""``all``: every phrasing of a template, one of which states the returned expression
+(``define solve(msg) returning msg.upper()``); ``words``: only the phrasings that describe
+the operation in words, none of which contains the gold expression."""
 
 _DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _ARGS = {
@@ -474,6 +484,7 @@ TEMPLATES: tuple[Template, ...] = (
     ),
 )
 """The operation templates, grouped by domain."""
+_TEMPLATES_BY_KEY = {t.key: t for t in TEMPLATES}
 
 
 @dataclass(frozen=True)
@@ -485,6 +496,11 @@ class Variant:
     args: str
     const: int | str | None
     phrasing: int
+    drawn: bool = False
+    """Inputs drawn per task (``INPUT_MODES``)."""
+    gold: bool = True
+    """Whether the task folder carries its gold solution; without it no gold trajectory of
+    the task exists anywhere, and only RL's own attempts can learn it."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -497,6 +513,7 @@ class Variant:
     @property
     def task_id(self) -> str:
         raw = f"v{GENERATOR_VERSION}|{self.key}|{self.args}|{self.phrasing}"
+        raw += "|drawn" * self.drawn + "|nogold" * (not self.gold)
         return f"nano-{self.template.key.replace('_', '-')}-{_digest(raw)[:10]}"
 
 
@@ -537,8 +554,43 @@ def validation_keys() -> frozenset[tuple[str, str, str]]:
     return frozenset(out)
 
 
-def in_split(key: tuple[str, str, str], split: str) -> bool:
-    """Whether a variant key belongs to ``split`` (one of ``SPLITS + TUNING_SPLITS``)."""
+HOLDOUT_MODES = ("pairs", "names")
+"""How ``heldout`` (and ``validation``) are cut with the fixed function name: ``pairs``,
+per template the variant keys (template, argument names, constant) of lowest stable hash,
+so a held-out task pairs an operation with an argument name that trains with other
+operations (a name then hints which operations it never went with); ``names``, per
+argument kind the ``HELDOUT_PERCENT`` of the ``_ARGS`` names (at least one) of lowest
+stable hash, then as many again for ``validation``: those names appear in no training
+task at all, so a held-out name is new text that says nothing about the operation."""
+
+
+@functools.cache
+def held_names() -> dict[str, dict[str, frozenset[str]]]:
+    """``holdout="names"``: per argument kind, the ``heldout`` and ``validation`` names."""
+    out: dict[str, dict[str, frozenset[str]]] = {"heldout": {}, "validation": {}}
+    for kind, names in _ARGS.items():
+        ranked = sorted(names, key=lambda a: _digest(f"nano-names-v{GENERATOR_VERSION}|{a}"))
+        n = max(1, round(len(names) * HELDOUT_PERCENT / 100))
+        out["heldout"][kind] = frozenset(ranked[:n])
+        out["validation"][kind] = frozenset(ranked[n : 2 * n])
+    return out
+
+
+def in_split(key: tuple[str, str, str], split: str, holdout: str = "pairs") -> bool:
+    """Whether a variant key belongs to ``split`` (one of ``SPLITS + TUNING_SPLITS``),
+    cut the ``holdout`` way (``HOLDOUT_MODES``; ``names`` needs the fixed function name)."""
+    if holdout == "names":
+        kind = _TEMPLATES_BY_KEY[key[0]].kind
+        if not key[1].startswith("args="):
+            raise ValueError('holdout="names" needs names="fixed" (the argument is the key)')
+        args = key[1][len("args=") :]
+        held = held_names()
+        if split == "heldout":
+            return args in held["heldout"][kind]
+        if split == "validation":
+            return args in held["validation"][kind]
+        outside = args not in held["heldout"][kind]
+        return outside and (split == "train" or args not in held["validation"][kind])
     if split in SPLITS:
         return split_of(key) == split
     if split == "validation":
@@ -546,28 +598,86 @@ def in_split(key: tuple[str, str, str], split: str) -> bool:
     return split_of(key) == "train" and key not in validation_keys()
 
 
-def all_variants(names: str = "varied", arg_names: str = "standard") -> list[Variant]:
+def all_variants(
+    names: str = "varied", arg_names: str = "standard", phrasings: str = "all"
+) -> list[Variant]:
     """Every variant of every template, in a fixed order."""
-    if names not in NAME_MODES:
-        raise ValueError(f"names must be one of {NAME_MODES}, got {names!r}")
-    if arg_names not in ARG_MODES:
-        raise ValueError(f"arg_names must be one of {ARG_MODES}, got {arg_names!r}")
-    return [v for t in TEMPLATES for v in _template_variants(t, names, arg_names)]
+    for value, modes, what in (
+        (names, NAME_MODES, "names"),
+        (arg_names, ARG_MODES, "arg_names"),
+        (phrasings, PHRASING_MODES, "phrasings"),
+    ):
+        if value not in modes:
+            raise ValueError(f"{what} must be one of {modes}, got {value!r}")
+    return [v for t in TEMPLATES for v in _template_variants(t, names, arg_names, phrasings)]
+
+
+def word_phrasings(t: Template) -> tuple[int, ...]:
+    """Indices of ``t``'s phrasings that do not state its returned expression (with the
+    argument named ``zq`` and the template's first constant)."""
+    k = t.consts[0]
+    fill = {"a": "zq", "b": "zq", "k": "" if k is None else k}
+    body = t.body.format(**fill)
+    return tuple(
+        i
+        for i, text in enumerate(t.phrasings)
+        if body not in text.format(sig="solve(zq)", f="solve", **fill)
+    )
 
 
 def _template_variants(
-    t: Template, names: str = "varied", arg_names: str = "standard"
+    t: Template, names: str = "varied", arg_names: str = "standard", phrasings: str = "all"
 ) -> list[Variant]:
     arg_pool = _ARGS[t.kind] + (_WIDE_ARGS[t.kind] if arg_names == "wide" else ())
+    wording = range(len(t.phrasings)) if phrasings == "all" else word_phrasings(t)
     out = []
     for const in t.consts:
         word = _DIGITS[const] if isinstance(const, int) else const
         pool = [FIXED_NAME] if names == "fixed" else [n.format(w=word) for n in t.names]
         for name in dict.fromkeys(pool):
             for args in arg_pool:
-                for phrasing in range(len(t.phrasings)):
+                for phrasing in wording:
                     out.append(Variant(t, name, args, const, phrasing))
     return out
+
+
+_LETTERS = "abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ"
+
+
+def draw_inputs(t: Template, seed: str, fn=None) -> tuple[tuple, ...]:
+    """Four argument tuples for ``t``, drawn from a generator seeded by ``seed`` (a task
+    id), of the same kinds and ranges as the template's own inputs: strings mix upper
+    and lower case (and, where the template's inputs have them, end in whitespace),
+    lists are non-empty, integers are non-negative where the template's are. With the
+    gold function ``fn``, the three value tests do not all expect the same output, so a
+    constant answer (``return True``) does not pass."""
+    rng = random.Random(f"nano-inputs|{seed}")
+    nonneg = all(x >= 0 for args in t.inputs for x in args if isinstance(x, int))
+    padded = any(a != a.strip() for args in t.inputs for a in args if isinstance(a, str))
+
+    def one() -> tuple:
+        if t.kind == "int":
+            return (rng.randint(0, 40) if nonneg else rng.randint(-30, 30),)
+        if t.kind == "pair":
+            return (rng.randint(-20, 20), rng.randint(-20, 20))
+        if t.kind == "list":
+            return ([rng.randint(-9, 30) for _ in range(rng.randint(1, 6))],)
+        text = rng.choice(_LETTERS.lower()) + rng.choice(_LETTERS.upper())
+        text += "".join(rng.choice(_LETTERS) for _ in range(rng.randint(0, 4)))
+        text = "".join(rng.sample(text, len(text)))
+        if padded:
+            text = rng.choice(" \t") * rng.randint(1, 2) + text + rng.choice(" \n")
+        return (text,)
+
+    for _ in range(100):
+        out: list[tuple] = []
+        while len(out) < 4:  # four different inputs
+            args = one()
+            if args not in out:
+                out.append(args)
+        if fn is None or len({repr(fn(*args)) for args in out[1:]}) > 1:
+            break
+    return tuple(out)
 
 
 def render(v: Variant) -> dict[str, str]:
@@ -581,8 +691,9 @@ def render(v: Variant) -> dict[str, str]:
     scope: dict = {}
     exec(gold, scope)  # our own one-line gold: the expected values come from it
     fn = scope[v.name]
-    want = [fn(*args) for args in t.inputs]
-    calls = [f"{v.name}({', '.join(map(repr, args))})" for args in t.inputs]
+    inputs = draw_inputs(t, v.task_id, fn) if v.drawn else t.inputs
+    want = [fn(*args) for args in inputs]
+    calls = [f"{v.name}({', '.join(map(repr, args))})" for args in inputs]
     rtype = type(want[0]).__name__
     tests = [f"def test_returns_{rtype}():\n    assert type(solution.{calls[0]}) is {rtype}\n"]
     tests += [
@@ -606,16 +717,18 @@ def render(v: Variant) -> dict[str, str]:
             "",
         ]
     )
-    return {
+    files = {
         "spec.md": spec + "\n",
         "task.toml": toml,
-        "gold/solution.py": gold,
         "hidden_tests/tests/test_solution.py": "import solution\n\n\n" + "\n\n".join(tests),
         "visible_tests/tests/test_visible.py": (
             f"from solution import {v.name}\n\n\n"
             f"def test_example():\n    assert {calls[0]} == {want[0]!r}\n"
         ),
     }
+    if v.gold:
+        files["gold/solution.py"] = gold
+    return files
 
 
 def default_root() -> Path:
@@ -665,18 +778,50 @@ def sample_variants(
     names: str = "varied",
     only: str | None = None,
     arg_names: str = "standard",
+    inputs: str = "fixed",
+    phrasings: str = "all",
+    gold_only: str | None = None,
+    holdout: str = "pairs",
+    gold_phrasing: int | None = None,
 ) -> list[Variant]:
     """``count`` variants of ``split`` (all when None), round-robin over the templates in a
     seeded order, each template's variants in a seeded order: balanced and deterministic.
     The seeded order does not depend on ``arg_names``, so with fixed function names a
-    held-out or validation draw is the same in both modes."""
+    held-out or validation draw is the same in both modes. ``inputs`` (``INPUT_MODES``)
+    and ``phrasings`` (``PHRASING_MODES``) shape the tasks; ``gold_only`` names the
+    templates (as ``only`` does) whose tasks carry gold, the others have none (None:
+    all have gold); ``gold_phrasing`` (an index into a template's phrasings of this
+    ``phrasings`` mode) keeps gold only on tasks of that phrasing, so the other phrasings
+    have no gold trajectory anywhere (None: every phrasing has gold). ``holdout`` is a
+    ``HOLDOUT_MODES`` entry."""
+    if inputs not in INPUT_MODES:
+        raise ValueError(f"inputs must be one of {INPUT_MODES}, got {inputs!r}")
+    if holdout not in HOLDOUT_MODES:
+        raise ValueError(f"holdout must be one of {HOLDOUT_MODES}, got {holdout!r}")
+    if holdout == "names" and names != "fixed":
+        raise ValueError('holdout="names" needs names="fixed" (the argument is the key)')
     if split not in SPLITS + TUNING_SPLITS:
         raise ValueError(f"split {split!r} is not one of {SPLITS + TUNING_SPLITS}")
     rng = random.Random(f"nano|{split}|{seed}" + ("" if names == "varied" else f"|{names}"))
     pools: dict[str, list[Variant]] = {}
     keep = select_templates(only)
-    for v in all_variants(names, arg_names):
-        if v.template.key in keep and in_split(v.key, split):
+    with_gold = select_templates(gold_only)
+    for v in all_variants(names, arg_names, phrasings):
+        if v.template.key in keep and in_split(v.key, split, holdout):
+            wording = (
+                range(len(v.template.phrasings))
+                if phrasings == "all"
+                else word_phrasings(v.template)
+            )
+            if gold_phrasing is not None and not 0 <= gold_phrasing < len(wording):
+                raise ValueError(
+                    f"gold_phrasing {gold_phrasing} is not one of the {len(wording)} "
+                    f"phrasings of {v.template.key!r}"
+                )
+            gold = v.template.key in with_gold and (
+                gold_phrasing is None or v.phrasing == wording[gold_phrasing]
+            )
+            v = dataclasses.replace(v, drawn=inputs == "drawn", gold=gold)
             pools.setdefault(v.template.key, []).append(v)
     for pool in pools.values():
         rng.shuffle(pool)
@@ -697,14 +842,9 @@ def sample_variants(
     return chosen
 
 
-def fit_size(
-    seed: int | str = 0,
-    names: str = "varied",
-    only: str | None = None,
-    arg_names: str = "standard",
-) -> int:
+def fit_size(seed: int | str = 0, **options) -> int:
     """How many variants the ``fit`` split holds for these ``nano_tasks`` options."""
-    return len(sample_variants("fit", None, int(seed), names, only, arg_names))
+    return len(sample_variants("fit", None, int(seed), **options))
 
 
 def nano_tasks(
@@ -715,16 +855,34 @@ def nano_tasks(
     names: str = "varied",
     only: str | None = None,
     arg_names: str = "standard",
+    inputs: str = "fixed",
+    phrasings: str = "all",
+    gold_only: str | None = None,
+    holdout: str = "pairs",
+    gold_phrasing: int | str | None = None,
 ) -> list[Task]:
     """``count`` nano tasks of ``split`` for ``seed``, as loaded task folders (sorted by id).
 
     ``root`` is where the folders are written (default ``default_root()``); ``names`` is
     a ``NAME_MODES`` entry; ``only`` restricts the templates (``select_templates``);
-    ``arg_names`` is an ``ARG_MODES`` entry. String ``count`` and ``seed`` are accepted
+    ``arg_names`` is an ``ARG_MODES`` entry; ``inputs``, ``phrasings``, ``gold_only``,
+    ``holdout`` and ``gold_phrasing`` as in ``sample_variants``. String ``count`` and ``seed`` are accepted
     for ``gyre tasks -o count=32``.
     """
     count = None if count is None else int(count)
-    variants = sample_variants(split, count, int(seed), names, only, arg_names)
+    variants = sample_variants(
+        split,
+        count,
+        int(seed),
+        names,
+        only,
+        arg_names,
+        inputs,
+        phrasings,
+        gold_only,
+        holdout,
+        None if gold_phrasing is None else int(gold_phrasing),
+    )
     base = Path(root).expanduser() if root is not None else default_root()
     base.mkdir(parents=True, exist_ok=True)
     tasks = [load_task(materialise(v, base)) for v in variants]

@@ -42,8 +42,7 @@ def load_splits(
         try:
             count = train_count
             if tuning:  # fit is train less validation: a count sized for train caps at it
-                kw = {k: v for k, v in suite_kwargs.items() if k in ("names", "only", "arg_names")}
-                count = min(count, fit_size(seed, **kw))
+                count = min(count, fit_size(seed, **suite_kwargs))
             train = nano_tasks(fit, count, seed=seed, **suite_kwargs)
             kw = {**suite_kwargs, **eval_suite_kwargs}
             heldout = nano_tasks(evaluate, heldout_count, seed=seed, **kw)

@@ -1,0 +1,159 @@
+"""The curriculum of the learning result (preset ``cpu-demo``): its held-out split tests
+what training did not show, and no spec gives its answer away. Each property the
+learning claim rests on is checked here on the preset's own task options."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gyre_env.scoring.final import GradingConfig, grade_workspace
+from gyre_env.scoring.preflight import check_tasks
+from gyre_env.tasks.nano import (
+    TEMPLATES,
+    draw_inputs,
+    held_names,
+    nano_tasks,
+    render,
+    sample_variants,
+    word_phrasings,
+)
+from gyre_env.tasks.nano_baselines import answer, no_learning_baselines, template_of
+from gyre_env.tasks.splits import split_gold
+from gyre_env.train.config import load_config
+
+PRESET = load_config(preset="cpu-demo")
+KW = dict(PRESET.tasks.suite_kwargs)
+ALL_OPS = set(KW["only"].split(","))
+GOLD_PHRASING = KW["gold_phrasing"]
+
+
+def _has_gold(v) -> bool:
+    """What the preset promises: gold on one words phrasing per operation, no other."""
+    return v.phrasing == word_phrasings(v.template)[GOLD_PHRASING]
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return {s: sample_variants(s, None, 0, **KW) for s in ("train", "heldout", "fit", "validation")}
+
+
+def _hidden(v) -> str:
+    return render(v)["hidden_tests/tests/test_solution.py"]
+
+
+def test_the_preset_leaves_a_phrasing_of_every_operation_without_gold():
+    for key in ALL_OPS:
+        t = next(t for t in TEMPLATES if t.key == key)
+        assert len(word_phrasings(t)) >= 2, key  # one with gold, at least one without
+
+
+def test_no_heldout_hidden_test_file_equals_a_training_tasks(splits):
+    train = {_hidden(v) for v in splits["train"]}
+    held = [_hidden(v) for v in splits["heldout"]]
+    assert len(set(held)) == len(held)  # not even two held-out tasks share one
+    assert not train & set(held)
+    assert len(train) == len(splits["train"])  # inputs are drawn per task
+
+
+def test_heldout_argument_names_appear_in_no_training_task(splits):
+    train_names = {v.args for v in splits["train"]}
+    held = {v.args for v in splits["heldout"]}
+    assert held and not held & train_names
+    assert held == {a for kind in held_names()["heldout"].values() for a in kind} - {"p, q"}
+    # validation is cut from train the same way, and fit never sees its names
+    assert not {v.args for v in splits["validation"]} & {v.args for v in splits["fit"]}
+
+
+def test_every_operation_is_in_heldout_and_its_other_phrasings_have_no_gold_anywhere(splits):
+    assert {v.template.key for v in splits["heldout"]} == ALL_OPS
+    held = splits["heldout"]
+    assert {_has_gold(v) for v in held} == {True, False}  # both kinds are measured
+    for v in splits["train"] + held:
+        assert ("gold/solution.py" in render(v)) == _has_gold(v) == v.gold, v.task_id
+
+
+def test_sft_gold_comes_only_from_the_gold_phrasing(tmp_path):
+    train = nano_tasks("train", 200, seed=0, root=tmp_path, **KW)
+    gold, rl = split_gold(train, gold_count=64, seed=0, rl_includes_gold=False)
+    assert len(gold) == 64 and {template_of(t).key for t in gold} == ALL_OPS
+    assert all(t.gold_dir for t in gold)
+    no_gold = [t for t in rl if t.gold_dir is None]
+    assert {template_of(t).key for t in no_gold} == ALL_OPS  # RL sees the other phrasing
+
+
+def test_gold_only_leaves_whole_operations_without_gold(tmp_path):
+    kw = {**KW, "gold_phrasing": None, "gold_only": "upper,sum"}
+    for v in sample_variants("train", 100, 0, **kw):
+        assert v.gold == (v.template.key in ("upper", "sum"))
+    with pytest.raises(ValueError, match="gold_phrasing 5"):
+        sample_variants("train", 10, 0, **{**KW, "gold_phrasing": 5})
+
+
+def test_no_spec_states_its_answer(splits):
+    for v in splits["train"] + splits["heldout"]:
+        files = render(v)
+        names = [a.strip() for a in v.args.split(",")]
+        body = v.template.body.format(a=names[0], b=names[-1], k="")
+        assert body not in files["spec.md"], (files["spec.md"], body)
+    for t in TEMPLATES:  # the words phrasings drop exactly the ones that state the body
+        assert 0 < len(word_phrasings(t)) < len(t.phrasings), t.key
+
+
+def _gold_fn(t):
+    fill = {"a": "a", "b": "b", "k": "" if t.consts[0] is None else t.consts[0]}
+    scope: dict = {}
+    args = "a, b" if t.kind == "pair" else "a"
+    exec(f"def f({args}):\n    return {t.body.format(**fill)}\n", scope)
+    return scope["f"]
+
+
+def test_drawn_inputs_differ_per_task_and_defeat_a_constant_answer():
+    for t in TEMPLATES:
+        fn = _gold_fn(t)
+        a, b = draw_inputs(t, "task-1", fn), draw_inputs(t, "task-2", fn)
+        assert a != b and len(set(map(repr, a))) == 4
+        assert len({repr(fn(*x)) for x in a[1:]}) > 1, t.key
+        assert draw_inputs(t, "task-1", fn) == a  # deterministic
+
+
+def test_heldout_tasks_pass_with_gold_and_fail_empty(tmp_path):
+    """The real preflight over held-out tasks of gold operations (gold 1.0, empty 0.0),
+    and tasks without gold graded with their operation's answer and another one."""
+    held = nano_tasks("heldout", 44, seed=0, root=tmp_path, **KW)
+    with_gold = [t for t in held if t.gold_dir][:3]
+    results = check_tasks(with_gold)
+    assert all(r.ok and r.gold.score == 1.0 and r.empty.score == 0.0 for r in results)
+    local = GradingConfig(backend="local")
+    for task in [t for t in held if not t.gold_dir][:3]:
+        mine = template_of(task)
+        other = next(t for t in TEMPLATES if t.kind == mine.kind and t.key != mine.key)
+        for op, want in ((mine, 1.0), (other, None)):
+            ws = tmp_path / f"ws-{task.id}-{op.key}"
+            ws.mkdir()
+            (ws / "solution.py").write_text(answer(task, op))
+            score = grade_workspace(task, ws, local).score
+            assert score == want if want is not None else score < 1.0, (task.id, op.key)
+
+
+def test_no_learning_baselines_are_graded_on_the_tasks(tmp_path):
+    """Upper-case/lower-case/reverse tasks: a guess among the three string operations
+    passes one in three; the majority op passes only its own operation's tasks."""
+    kw = {**KW, "only": "upper,lower,reverse,sum", "gold_only": "upper"}
+    held = nano_tasks("heldout", 8, seed=0, root=tmp_path, **kw)
+    train = nano_tasks("train", 60, seed=0, root=tmp_path, **kw)
+    found = no_learning_baselines(held, train, GradingConfig(backend="local"), parallel=2)
+    strs = [t for t in held if template_of(t).kind == "str"]
+    assert strs and all(abs(found["type-guess"][t.id] - 1 / 3) < 1e-9 for t in strs)
+    lists = [t for t in held if template_of(t).kind == "list"]
+    assert lists and all(found["type-guess"][t.id] == 1.0 for t in lists)  # sum alone
+    majority = {template_of(t).key for t in held if found["majority-op"][t.id] == 1.0}
+    assert len(majority) == 1
+    best = found["best-op-per-kind"]
+    assert sum(best[t.id] for t in strs) == max(
+        sum(template_of(t).key == k for t in strs) for k in ("upper", "lower", "reverse")
+    )
+    assert re.fullmatch(
+        r"def solve\(\w+\):\n    return .+\n", answer(held[0], template_of(held[0]))
+    )
