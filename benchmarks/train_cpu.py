@@ -1,32 +1,36 @@
-"""Proof that Gyre learns on a CPU: held-out nano pass rate of the random model, the SFT
-checkpoint and the RL result, over several seeds, with a control.
+"""Does RL itself learn on a CPU? RL's held-out gain against controls that isolate it and
+against baselines that need no learning, over several seeds.
 
-    python benchmarks/train_cpu.py                       # seeds 0 1 2, preset cpu-demo
-    python benchmarks/train_cpu.py --seeds 0 --iterations 4
+    python benchmarks/train_cpu.py                             # seeds 0 1 2, held-out
+    python benchmarks/train_cpu.py --split validation --seeds 1  # for choosing settings
 
-RL runs ``--iterations`` iterations (default 24, the preset's; held-out is also evaluated
-half-way). 48 (twice the README job's budget, the control getting the same longer wall
-time) was measured on seeds 0 and 1 and gained nothing over 24 (README). About 25
-minutes per seed on 2 cores at 24, 38 at 48.
+Per seed S (the seed sets the model's initial weights, the tasks drawn and sampling):
 
-Per seed, run A is ``gyre train --preset cpu-demo --seed S`` (random eval -> SFT on 64
-gold trajectories -> RL on generated tasks that have no gold, rejection-sampling GRPO
-with the preset's 8 SFT steps on SFT's gold after each iteration -> held-out eval). The
-control starts from run A's own SFT checkpoint (same weights, optimizer, RNG and gold
-data) and continues SFT for as long as run A's RL phase ran (its gold steps included),
-then is evaluated on the same held-out tasks: it answers "is RL better than just more
-SFT for the same time?". Held-out tasks come from the nano heldout split, disjoint from every
-training task by variant key (template, function name or argument names, constant).
+- **RL** is ``gyre train --preset cpu-demo --seed S``: SFT on the preset's gold
+  trajectories (one phrasing of each operation has gold; the other has none anywhere),
+  then RL on the training tasks SFT did not see, with the preset's gold steps after each
+  iteration's RL steps.
+- Every control starts from the RL run's own SFT checkpoint (same weights, same gold data):
+  - **(a) more SFT**: SFT continued at the RL arm's gold-step learning rate for as long as
+    the RL phase ran (wall time, gold steps included);
+  - **(b) gold steps only**: the RL arm's schedule with the RL loss switched off
+    (``schedule.rl_updates = false``: each iteration's gold steps, nothing else);
+  - **(c) RL without gold steps** (``sft.steps_per_iteration = 0``).
+- **SFT** is the SFT checkpoint itself.
 
-Then each model (the random init, run A's SFT checkpoint and RL result, the control) is
-measured again on the held-out tasks with ``--eval-attempts`` sampled attempts per task
-(default 4: 192 episodes; the runs' own single-attempt evaluations have a standard error
-near 0.06, too much to tell +0.1 from +0.2), as an evaluation run of its own under
-``--out/seedS-eval/``, with its standard error over tasks and the paired standard error
-of RL - SFT. ``--existing`` / ``--existing-control`` measure finished folders.
+Then every model is measured again on the evaluated split with ``--eval-attempts``
+sampled attempts per task (default 4), and the no-learning baselines
+(``gyre_env.tasks.nano_baselines``) are graded on the same tasks. The evaluated split is
+``heldout`` (the benchmark's final run: no setting was chosen on it) or ``validation``
+(cut from the training split; the held-out tasks are then never loaded).
 
-Prints one row per seed and the mean and spread, and writes ``summary.json`` and
-``pass_rate.png`` (held-out pass rate over iterations, per seed) under ``--out``.
+Differences are paired by task; their standard errors are clustered by task family (the
+operation: a family's tasks share their answer), and their 95% intervals use Student's t
+with (families - 1) degrees of freedom. Over seeds, the per-task differences are
+averaged first, then clustered the same way.
+
+Prints the table, checks the targets, and writes ``summary.json`` and ``arms.png`` under
+``--out`` and every figure, with the commit it was measured at, to ``--results``.
 """
 
 from __future__ import annotations
@@ -34,11 +38,47 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+ARMS = {
+    "sft": "SFT checkpoint (every arm starts here)",
+    "rl": "RL (rollouts + gold steps)",
+    "a_more_sft": "(a) SFT continued at RL's gold-step lr, RL's wall time",
+    "b_gold_only": "(b) RL's schedule, RL loss off (gold steps only)",
+    "c_no_gold": "(c) RL without gold steps",
+}
+CONTROLS = ("a_more_sft", "b_gold_only", "c_no_gold")
+TARGETS = {"rl_minus_best_control": 0.10, "rl_minus_sft": 0.15, "rl_minus_best_baseline": 0.15}
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
+_T975.update({9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131})
+
+
+def _t975(df: int) -> float:
+    """Student's t 0.975 quantile (1.96 past 15 degrees of freedom, within 0.15)."""
+    return _T975.get(df, 1.96) if df >= 1 else float("nan")
+
+
+def clustered(diffs: dict[str, float], family: dict[str, str]) -> dict:
+    """Mean of the per-task ``diffs`` with its cluster-robust standard error (clusters:
+    ``family`` of each task; CR1 small-sample factor G/(G-1)) and 95% interval."""
+    tasks = sorted(diffs)
+    d = np.array([diffs[t] for t in tasks], dtype=float)
+    n = len(d)
+    mean = float(d.mean()) if n else float("nan")
+    groups: dict[str, float] = {}
+    for t, x in zip(tasks, d, strict=True):
+        groups[family[t]] = groups.get(family[t], 0.0) + (x - mean)
+    g = len(groups)
+    if g < 2:
+        return {"mean": mean, "se": float("nan"), "lo": float("nan"), "hi": float("nan"), "g": g}
+    se = float(np.sqrt(g / (g - 1) * sum(v * v for v in groups.values())) / n)
+    half = _t975(g - 1) * se
+    return {"mean": mean, "se": se, "lo": mean - half, "hi": mean + half, "g": g}
 
 
 def _rows(out: Path, kind: str) -> list[dict]:
@@ -46,111 +86,10 @@ def _rows(out: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
-def _phase_seconds(out: Path) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for r in _rows(out, "phase"):
-        totals[r["phase"]] = totals.get(r["phase"], 0.0) + r["seconds"]
+def _rl_seconds(out: Path) -> float:
+    """Wall time of the RL phase: its iterations' rollouts, steps and weight pushes."""
     it = _rows(out, "iteration")
-    totals["rl"] = sum(r["time_rollout"] + r["time_train"] + r["time_sync"] for r in it)
-    totals["eval"] = sum(r["time_eval"] for r in _rows(out, "eval"))
-    return totals
-
-
-def run_seed(seed: int, args) -> dict:
-    from gyre_env.train import load_config, train
-
-    base = [
-        f"schedule.iterations={args.iterations}",
-        f"schedule.eval_every={max(1, args.iterations // 2)}",
-        *args.set,
-        f"seed={seed}",
-        "logging.tensorboard=false",
-        "schedule.eval_random=true",
-    ]
-    if args.no_progress:
-        base.append("logging.progress=false")
-    if seed in args.existing:  # a finished `gyre train --preset P --seed S` run folder
-        out = args.existing[seed]
-        wall_a = None
-    else:
-        out = Path(args.out) / f"seed{seed}"
-        shutil.rmtree(out, ignore_errors=True)
-        cfg = load_config(preset=args.preset, overrides=[*base, f"out={str(out)!r}"])
-        start = time.monotonic()
-        _finished(train(cfg), out)
-        wall_a = time.monotonic() - start
-    evals = _rows(out, "eval")
-    secs = _phase_seconds(out)
-
-    # The control: run A's SFT checkpoint, SFT continued for as long as A's RL ran.
-    if seed in args.existing_control:  # a finished control folder of this run A
-        control = args.existing_control[seed]
-        wall_c = None
-    else:
-        control, wall_c = _control(seed, args, base, out, secs)
-    sft_steps = len(_rows(out, "sft"))
-    control_steps = len(_rows(control, "sft"))
-    last = {e["phase"]: e["pass_rate"] for e in evals}
-    last["control"] = _rows(control, "eval")[-1]["pass_rate"]
-    measured = {}
-    if args.eval_attempts:
-        from gyre_env.train.setup import prepare_model
-
-        models = {
-            "random": prepare_model(load_config(preset=args.preset, overrides=base)),
-            "sft": out / "model-sft",
-            "rl": out / "model",
-            "control": control / "model",
-        }
-        for phase, model in models.items():
-            measured[phase] = _measure(
-                args, base, model, Path(args.out) / f"seed{seed}-eval" / phase
-            )
-    row = {
-        "seed": seed,
-        "run": str(out),
-        **{k: (measured[k]["pass_rate"] if measured else last.get(k)) for k in PHASES},
-        "measured": measured,
-        "in_run": {k: last.get(k) for k in PHASES},
-        "sft_steps": sft_steps,
-        "control_sft_steps": control_steps,
-        "seconds": secs,
-        "wall_run": wall_a,
-        "wall_control": wall_c,
-        "curve": [(e["iteration"], e["phase"], e["pass_rate"]) for e in evals],
-    }
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / f"seed{seed}.json").write_text(json.dumps(row, indent=1), encoding="utf-8")
-    return row
-
-
-def _control(seed: int, args, base: list[str], out: Path, secs: dict) -> tuple[Path, float]:
-    """The control: run A's SFT checkpoint, SFT continued for as long as A's RL ran."""
-    from gyre_env.train import load_config, train
-    from gyre_env.train.checkpoint import Cursor
-
-    control = Path(args.out) / f"seed{seed}-control"
-    shutil.rmtree(control, ignore_errors=True)
-    control.mkdir(parents=True)
-    shutil.copytree(out / "checkpoint-sft", control / "checkpoints")
-    shutil.copy(out / "store.db", control / "store.db")
-    shutil.copy(out / "metrics.jsonl", control / "metrics.jsonl")
-    _rewind_to_sft(
-        control / "checkpoints", Cursor, load_config(preset=args.preset, overrides=base).sft.lr
-    )
-    ccfg = load_config(
-        preset=args.preset,
-        overrides=[
-            *base,
-            f"out={str(control)!r}",
-            "schedule.iterations=0",
-            f"sft.steps={10**6}",
-            f"sft.max_seconds={secs['rl']}",
-        ],
-    )
-    start = time.monotonic()
-    _finished(train(ccfg, resume=True), control)
-    return control, time.monotonic() - start
+    return sum(r["time_rollout"] + r["time_train"] + r["time_sync"] for r in it)
 
 
 class Interrupted(Exception):
@@ -162,17 +101,102 @@ def _finished(summary, out: Path) -> None:
         raise Interrupted(out)
 
 
-def _measure(args, base: list[str], model: Path, out: Path) -> dict:
-    """Held-out pass rate of ``model``: ``--eval-attempts`` sampled attempts per held-out
-    task, as a run of its own under ``out``, with the standard error over tasks (attempts
-    of one task are correlated, so the error is that of the per-task means)."""
+def _base(args, seed: int) -> list[str]:
+    base = [
+        *args.set,
+        f"seed={seed}",
+        "logging.tensorboard=false",
+        f"schedule.eval_every={10**6}",  # the arms are measured after, on equal terms
+        "schedule.eval_random=false",
+        "schedule.baselines=false",  # graded once by the benchmark
+        f"tasks.eval_split={args.split!r}",
+    ]
+    if args.iterations is not None:
+        base.append(f"schedule.iterations={args.iterations}")
+    if args.no_progress:
+        base.append("logging.progress=false")
+    return base
+
+
+def run_rl(seed: int, args) -> Path:
+    """The RL arm: the preset as ``gyre train`` runs it (reused when already finished)."""
+    from gyre_env.train import load_config, train
+
+    out = Path(args.out) / f"seed{seed}" / "rl"
+    if (out / "model").is_dir() and (out / "checkpoint-sft").is_dir() and args.reuse:
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = load_config(preset=args.preset, overrides=[*_base(args, seed), f"out={str(out)!r}"])
+    _finished(train(cfg), out)
+    return out
+
+
+def run_control(seed: int, name: str, rl: Path, args) -> Path:
+    """A control from the RL run's SFT checkpoint (see the module docstring)."""
+    import torch
+
+    from gyre_env.train import load_config, train
+
+    out = Path(args.out) / f"seed{seed}" / name
+    if (out / "model").is_dir() and args.reuse:
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    shutil.copytree(rl / "checkpoint-sft", out / "checkpoints")
+    shutil.copy(rl / "store.db", out / "store.db")  # the gold episodes (run "sft")
+    keep = []  # the run's rows up to the end of SFT
+    for line in (rl / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        if json.loads(line)["kind"] in ("phase", "sft", "eval"):
+            keep.append(line)
+    (out / "metrics.jsonl").write_text("".join(x + "\n" for x in keep), encoding="utf-8")
+    base = [*_base(args, seed), f"out={str(out)!r}"]
+    cfg = load_config(preset=args.preset, overrides=base)
+    if name == "a_more_sft":
+        lr = cfg.algorithm.optim.lr  # the gold steps' learning rate
+        state = torch.load(out / "checkpoints" / "ckpt.pt", weights_only=False)
+        state["cursor"]["phase"] = "sft_train"  # the steps done are kept
+        for group in state["trainer"]["optimizer"]["param_groups"]:
+            group["lr"] = lr
+        sched = state["trainer"]["scheduler"]
+        sched["base_lrs"] = [lr] * len(sched["base_lrs"])
+        torch.save(state, out / "checkpoints" / "ckpt.pt")
+        cursor = json.dumps(state["cursor"])
+        (out / "checkpoints" / "cursor.json").write_text(cursor, encoding="utf-8")
+        extra = [
+            "schedule.iterations=0",
+            f"sft.steps={10**6}",
+            f"sft.max_seconds={_rl_seconds(rl)}",
+            f"sft.lr={lr}",
+        ]
+    elif name == "b_gold_only":
+        extra = ["schedule.rl_updates=false"]
+    elif name == "c_no_gold":
+        extra = ["sft.steps_per_iteration=0"]
+    else:
+        raise ValueError(f"unknown control {name!r}")
+    cfg = load_config(preset=args.preset, overrides=[*base, *extra])
+    _finished(train(cfg, resume=True), out)
+    return out
+
+
+def measure(seed: int, name: str, model: Path, args) -> dict:
+    """``model``'s pass rate per evaluated task over ``--eval-attempts`` sampled attempts,
+    as an evaluation run of its own."""
     from gyre_env.train import load_config
     from gyre_env.train.run import evaluate_heldout
 
+    out = Path(args.out) / f"seed{seed}" / "measure" / name
+    result = out / "per_task.json"
+    if result.is_file() and args.reuse:
+        return json.loads(result.read_text(encoding="utf-8"))
     shutil.rmtree(out, ignore_errors=True)
     cfg = load_config(
         preset=args.preset,
-        overrides=[*base, f"out={str(out)!r}", f"rollout.eval_attempts={args.eval_attempts}"],
+        overrides=[
+            *_base(args, seed),
+            f"out={str(out)!r}",
+            f"rollout.eval_attempts={args.eval_attempts}",
+        ],
     )
     row = evaluate_heldout(cfg, model, out, "measure")
     attempts: dict[str, list[float]] = {}
@@ -180,191 +204,187 @@ def _measure(args, base: list[str], model: Path, out: Path) -> dict:
         ep = json.loads(line)
         if ep["reward_valid"] and ep["score"] is not None:
             attempts.setdefault(ep["task_id"], []).append(float(ep["score"] >= 1.0))
-    per_task = {task: float(np.mean(v)) for task, v in attempts.items()}
-    return {
+    data = {
         "pass_rate": row["pass_rate"],
-        "stderr": _stderr(list(per_task.values())),
-        "per_task": per_task,
+        "per_task": {t: float(np.mean(v)) for t, v in attempts.items()},
         "episodes": row["episodes"],
-        "tasks": len(per_task),
         "seconds": row["time_eval"],
     }
+    result.write_text(json.dumps(data), encoding="utf-8")
+    return data
 
 
-def _rewind_to_sft(folder: Path, cursor_cls, sft_lr: float) -> None:
-    """Point the copied post-SFT checkpoint back at the SFT phase (steps done kept) and
-    its (fresh, RL) optimizer at the SFT learning rate: the control is SFT continued."""
-    import torch
+def baselines(args) -> tuple[dict, dict, dict]:
+    """(no-learning baselines per task, family of each task, whether each task is of a
+    kind that has gold: its operation and phrasing appear in some gold trajectory)."""
+    from gyre_env.scoring.final import GradingConfig
+    from gyre_env.tasks.nano_baselines import family, no_learning_baselines
+    from gyre_env.train import load_config
+    from gyre_env.train.setup import task_pool
 
-    state = torch.load(folder / "ckpt.pt", weights_only=False)
-    state["cursor"]["phase"] = "sft_train"
-    for group in state["trainer"]["optimizer"]["param_groups"]:
-        group["lr"] = sft_lr
-    state["trainer"]["scheduler"]["base_lrs"] = [sft_lr] * len(
-        state["trainer"]["scheduler"]["base_lrs"]
+    cfg = load_config(preset=args.preset, overrides=_base(args, 0))
+    pool = task_pool(cfg)
+    kwargs = dict(cfg.tasks.env_kwargs)
+    grading = GradingConfig(
+        backend=kwargs.get("sandbox_backend", "auto"),
+        pytest_plugins=kwargs.get("grading", {}).get("pytest_plugins"),
     )
-    torch.save(state, folder / "ckpt.pt")
-    (folder / "cursor.json").write_text(json.dumps(state["cursor"]), encoding="utf-8")
-    cursor_cls(**state["cursor"])  # still a valid cursor
-
-
-PHASES = ("random", "sft", "rl", "control")
-
-
-def _stderr(values) -> float:
-    """Standard error of the mean of ``values`` (nan for fewer than two)."""
-    v = np.asarray(values, dtype=float)
-    return float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
-
-
-def _paired_se(a: dict, b: dict) -> float:
-    """Standard error of a - b over the held-out tasks both measured (paired by task)."""
-    return _stderr(
-        [a["per_task"][t] - b["per_task"][t] for t in a["per_task"] if t in b["per_task"]]
-    )
-
-
-def _fmt(x) -> str:
-    return "  -  " if x is None else f"{x:.3f}"
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--preset", default="cpu-demo")
-    p.add_argument("--out", default="runs/train-cpu-bench")
-    p.add_argument(
-        "--iterations",
-        type=int,
-        default=24,
-        metavar="N",
-        help="RL iterations per run (default 24, the preset's: the README job's 15 "
-        "minutes); held-out is also evaluated at N/2",
-    )
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument(
-        "--existing",
-        action="append",
-        default=[],
-        metavar="SEED=DIR",
-        help="use this finished run folder as run A of SEED (only its control runs)",
-    )
-    p.add_argument(
-        "--existing-control",
-        action="append",
-        default=[],
-        metavar="SEED=DIR",
-        help="use this finished control folder of SEED's run A (with --existing)",
-    )
-    p.add_argument(
-        "--eval-attempts",
-        type=int,
-        default=4,
-        metavar="N",
-        help="measure each model (random, SFT, RL, control) again with N sampled attempts "
-        "per held-out task (0: report the runs' own single evaluations)",
-    )
-    p.add_argument(
-        "--table-only",
-        action="store_true",
-        help="run nothing: print the table of the seed*.json results already under --out",
-    )
-    args = p.parse_args(argv)
-    out = Path(args.out)
-    if args.eval_attempts < 0:
-        p.error(f"--eval-attempts must be >= 0, got {args.eval_attempts}")
-    if args.iterations < 1:
-        p.error(f"--iterations must be >= 1, got {args.iterations}")
-    for flag, attr, needs in (
-        ("--existing", "existing", ("metrics.jsonl", "checkpoint-sft", "model-sft", "model")),
-        ("--existing-control", "existing_control", ("metrics.jsonl", "model")),
-    ):
-        folders = {}  # parsed once here: SEED -> folder
-        for item in getattr(args, attr):
-            seed, sep, folder = item.partition("=")
-            if not sep or not seed.lstrip("-").isdigit():
-                p.error(f"{flag} {item!r}: expected SEED=DIR")
-            missing = [n for n in needs if not (Path(folder) / n).exists()]
-            if missing:
-                p.error(
-                    f"{flag} {item}: {folder} is not a finished run ({', '.join(missing)} missing)"
-                )
-            folders[int(seed)] = Path(folder)
-        setattr(args, attr, folders)
-    if args.table_only:
-        rows = [json.loads(f.read_text()) for f in sorted(out.glob("seed*.json"))]
+    path = Path(args.out) / f"baselines-{args.split}.json"
+    if path.is_file() and args.reuse:
+        base = json.loads(path.read_text(encoding="utf-8"))
     else:
-        rows = []
-        for seed in args.seeds:
-            print(f"== seed {seed}", file=sys.stderr, flush=True)
-            try:
-                rows.append(run_seed(seed, args))
-            except Interrupted as stopped:
-                done = ", ".join(f"seed{r['seed']}.json" for r in rows) or "none"
-                print(
-                    f"interrupted in {stopped}: finished seeds under {out}: {done} "
-                    "(print them with --table-only)",
-                    file=sys.stderr,
-                )
-                return 130
-    (out / "summary.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
-    measured = all(r.get("measured") for r in rows)
-    how = (
-        f"{rows[0]['measured']['sft']['episodes'] // rows[0]['measured']['sft']['tasks']} "
-        "sampled attempts per task, measured after the runs; +- standard error over tasks"
-        if measured
-        else "the runs' own evaluations"
-    )
-    iters = sorted({max((i for i, ph, _ in r["curve"] if ph == "rl"), default=0) for r in rows})
+        base = no_learning_baselines(pool.heldout, pool.train, grading, parallel=args.parallel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(base), encoding="utf-8")
+    fam = {t.id: family(t) for t in pool.heldout}
+    return base, fam, {t.id: t.gold_dir is not None for t in pool.heldout}
+
+
+def _mean(per_task: dict) -> float:
+    return float(np.mean(list(per_task.values()))) if per_task else float("nan")
+
+
+def _subset(per_task: dict, keep: dict, want: bool) -> dict:
+    return {t: v for t, v in per_task.items() if keep[t] == want}
+
+
+def _diff(a: dict, b: dict) -> dict:
+    return {t: a[t] - b[t] for t in a if t in b}
+
+
+def analyse(per_seed: dict, base: dict, fam: dict, gold: dict) -> dict:
+    """Every figure the README quotes, from the per-task pass rates."""
+    seeds = sorted(per_seed)
+    out: dict = {"seeds": seeds, "arms": {}, "baselines": {}, "per_seed": {}, "pooled": {}}
+    for name, per_task in base.items():
+        out["baselines"][name] = _mean(per_task)
+    best_base = max(base, key=lambda n: _mean(base[n]))
+    for arm in ARMS:
+        rates = [_mean(per_seed[s][arm]) for s in seeds]
+        with_gold = [_mean(_subset(per_seed[s][arm], gold, True)) for s in seeds]
+        no_gold = [_mean(_subset(per_seed[s][arm], gold, False)) for s in seeds]
+        out["arms"][arm] = {
+            "mean": float(np.mean(rates)),
+            "per_seed": dict(zip(map(str, seeds), rates, strict=True)),
+            "gold_kind_mean": float(np.mean(with_gold)),
+            "no_gold_kind_mean": float(np.mean(no_gold)),
+        }
+    for name, per_task in base.items():
+        out["baselines_by_kind"] = out.get("baselines_by_kind", {})
+        out["baselines_by_kind"][name] = {
+            "gold_kind": _mean(_subset(per_task, gold, True)),
+            "no_gold_kind": _mean(_subset(per_task, gold, False)),
+        }
+    for s in seeds:
+        arms = per_seed[s]
+        best_ctl = max(CONTROLS, key=lambda c: _mean(arms[c]))
+        out["per_seed"][str(s)] = {
+            "best_control": best_ctl,
+            "rl_minus_best_control": clustered(_diff(arms["rl"], arms[best_ctl]), fam),
+            "rl_minus_sft": clustered(_diff(arms["rl"], arms["sft"]), fam),
+            "rl_minus_best_baseline": clustered(_diff(arms["rl"], base[best_base]), fam),
+            **{f"rl_minus_{c}": clustered(_diff(arms["rl"], arms[c]), fam) for c in CONTROLS},
+        }
+
+    def pooled(other) -> dict:  # per-task differences averaged over seeds, then clustered
+        per_task: dict[str, list[float]] = {}
+        for s in seeds:
+            for t, d in _diff(per_seed[s]["rl"], other(s)).items():
+                per_task.setdefault(t, []).append(d)
+        return clustered({t: float(np.mean(v)) for t, v in per_task.items()}, fam)
+
+    best_mean_ctl = max(CONTROLS, key=lambda c: out["arms"][c]["mean"])
+    out["pooled"] = {
+        "best_control": best_mean_ctl,
+        "best_baseline": best_base,
+        "rl_minus_best_control": pooled(lambda s: per_seed[s][best_mean_ctl]),
+        "rl_minus_sft": pooled(lambda s: per_seed[s]["sft"]),
+        "rl_minus_best_baseline": pooled(lambda s: base[best_base]),
+        **{f"rl_minus_{c}": pooled(lambda s, c=c: per_seed[s][c]) for c in CONTROLS},
+    }
+    per = out["per_seed"]
+    out["targets"] = {
+        "rl_minus_best_control": {
+            "want": f">= {TARGETS['rl_minus_best_control']} on average, > 0 on every seed, "
+            "95% interval excluding 0",
+            "met": bool(
+                out["pooled"]["rl_minus_best_control"]["mean"] >= TARGETS["rl_minus_best_control"]
+                and out["pooled"]["rl_minus_best_control"]["lo"] > 0
+                and all(per[str(s)]["rl_minus_best_control"]["mean"] > 0 for s in seeds)
+            ),
+        },
+        "rl_minus_sft": {
+            "want": f">= {TARGETS['rl_minus_sft']} on average",
+            "met": bool(out["pooled"]["rl_minus_sft"]["mean"] >= TARGETS["rl_minus_sft"]),
+        },
+        "rl_minus_best_baseline": {
+            "want": f">= {TARGETS['rl_minus_best_baseline']} on average",
+            "met": bool(
+                out["pooled"]["rl_minus_best_baseline"]["mean"] >= TARGETS["rl_minus_best_baseline"]
+            ),
+        },
+    }
+    return out
+
+
+def _ci(c: dict) -> str:
+    return f"{c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]"
+
+
+def print_table(res: dict, split: str) -> None:
+    seeds = res["seeds"]
+    print(f"\n{split} pass rate, {res['attempts']} sampled attempts per task, {res['tasks']} tasks")
     print(
-        f"\nheld-out nano pass rate (preset {args.preset}, "
-        f"{'/'.join(map(str, iters))} RL iterations; {how})"
+        f"{'arm':<58}"
+        + "".join(f"  seed {s}" for s in seeds)
+        + "    mean  gold-phrasing  no-gold-phrasing"
     )
-    print("seed  random    sft     rl   control  rl-sft | wall s: sft_record sft_train   rl  eval")
-    for r in rows:
-        s = r["seconds"]
+    for arm, label in ARMS.items():
+        a = res["arms"][arm]
         print(
-            f"{r['seed']:>4}  {_fmt(r['random'])}  {_fmt(r['sft'])}  {_fmt(r['rl'])}  "
-            f"{_fmt(r['control'])}  {r['rl'] - r['sft']:+.3f} | "
-            f"{s.get('sft_record', 0):>10.0f} {s.get('sft_train', 0):>9.0f} {s['rl']:>5.0f} "
-            f"{s['eval']:>5.0f}"
+            f"{label:<58}"
+            + "".join(f"  {a['per_seed'][str(s)]:6.3f}" for s in seeds)
+            + f"  {a['mean']:6.3f}  {a['gold_kind_mean']:13.3f}  {a['no_gold_kind_mean']:16.3f}"
         )
-        if measured:
-            m = r["measured"]
-            print(
-                "  +-"
-                + "".join(f"{m[k]['stderr']:>7.3f}" for k in PHASES)
-                + f"  {_paired_se(m['rl'], m['sft']):>6.3f}  (standard errors)"
-            )
-        if r.get("in_run"):
-            print(
-                "      "
-                + "  ".join(_fmt(r["in_run"][k]) for k in PHASES)
-                + "  (the runs' own evals)"
-            )
-    gains = np.array([r["rl"] - r["sft"] for r in rows])
-    for key in ("random", "sft", "rl", "control"):
-        vals = np.array([r[key] for r in rows if r[key] is not None], dtype=float)
-        if len(vals) == 0:
-            continue
-        note = "" if len(vals) == len(rows) else f"  ({len(vals)} of {len(rows)} seeds measured it)"
-        print(f"{key:>8}: mean {vals.mean():.3f}  std {vals.std():.3f}  min {vals.min():.3f}{note}")
-    print(f"  rl-sft: mean {gains.mean():+.3f}  min {gains.min():+.3f}")
+    for name, rate in res["baselines"].items():
+        print(f"{'no-learning baseline: ' + name:<58}" + " " * (8 * len(seeds)) + f"  {rate:6.3f}")
+    print("\ndifferences, paired by task; [95% interval, clustered by operation]")
+    for s in seeds:
+        p = res["per_seed"][str(s)]
+        print(
+            f"seed {s}: RL - best control ({p['best_control']}) {_ci(p['rl_minus_best_control'])}"
+            f"   RL - SFT {_ci(p['rl_minus_sft'])}"
+        )
+    p = res["pooled"]
+    print(f"over seeds: RL - best control ({p['best_control']}) {_ci(p['rl_minus_best_control'])}")
+    for c in CONTROLS:
+        print(f"            RL - {c} {_ci(p['rl_minus_' + c])}")
+    print(f"            RL - SFT {_ci(p['rl_minus_sft'])}")
     print(
-        f"target RL - SFT >= 0.15 on average and on every seed: "
-        f"{'met' if gains.mean() >= 0.15 and gains.min() >= 0.15 else 'NOT met'}"
+        f"            RL - best baseline ({p['best_baseline']}) {_ci(p['rl_minus_best_baseline'])}"
     )
-    ctl = np.array([r["control"] - r["sft"] for r in rows])
-    vs = np.array([r["rl"] - r["control"] for r in rows])
-    print(f"control (SFT for RL's wall time) - SFT: mean {ctl.mean():+.3f}")
-    print(f"RL - control: mean {vs.mean():+.3f}  min {vs.min():+.3f}")
-    _plot(rows, out / "pass_rate.png")
-    print(f"summary: {out / 'summary.json'}  plot: {out / 'pass_rate.png'}")
-    return 0
+    for name, t in res["targets"].items():
+        print(f"target {name} {t['want']}: {'met' if t['met'] else 'NOT met'}")
 
 
-def _plot(rows, path: Path) -> None:
+def _commit() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
+
+
+def _plot(res: dict, path: Path) -> None:
     try:
         import matplotlib
 
@@ -372,31 +392,94 @@ def _plot(rows, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in rows:
-        pts = [(it, rate) for it, phase, rate in r["curve"] if phase in ("sft", "rl")]
-        line = ax.plot(*zip(*pts, strict=True), marker="o", label=f"seed {r['seed']}")[0]
-        c = line.get_color()
-        ax.scatter([0], [r["random"]], marker="x", color=c)
-        ax.scatter([pts[-1][0]], [r["control"]], marker="s", color=c)
-        if r.get("measured"):  # the after-run measurements, with their standard errors
-            m = r["measured"]
-            ax.errorbar(
-                [0, pts[-1][0]],
-                [m["sft"]["pass_rate"], m["rl"]["pass_rate"]],
-                yerr=[m["sft"]["stderr"], m["rl"]["stderr"]],
-                fmt="D",
-                color=c,
-                capsize=3,
-            )
-    ax.set_xlabel(
-        "RL iteration (line: the run's own evals; diamond: measured after, with std error;\n"
-        "0 = SFT checkpoint; x = random model; square = control)"
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = list(ARMS)
+    x = np.arange(len(names))
+    for i, s in enumerate(res["seeds"]):
+        ax.scatter(x + (i - 1) * 0.12, [res["arms"][n]["per_seed"][str(s)] for n in names], s=18)
+    ax.bar(x, [res["arms"][n]["mean"] for n in names], alpha=0.35, color="grey")
+    for name, rate in res["baselines"].items():
+        ax.axhline(rate, ls="--", lw=1, color="black")
+        ax.text(len(names) - 0.5, rate, f" {name}", va="center", fontsize=8)
+    ax.set_xticks(
+        x, ["SFT", "RL", "(a) more\nSFT", "(b) gold\nsteps only", "(c) RL no\ngold steps"]
     )
-    ax.set_ylabel("held-out pass rate")
-    ax.legend()
+    ax.set_ylabel(f"{res['split']} pass rate")
+    ax.set_title("bars: mean over seeds; dots: seeds; dashed: no-learning baselines")
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--preset", default="cpu-demo")
+    p.add_argument("--split", choices=("heldout", "validation"), default="heldout")
+    p.add_argument("--out", default="runs/train-cpu-bench")
+    p.add_argument("--results", default=None, help="results file (default: OUT/results.json)")
+    p.add_argument("--iterations", type=int, default=None, help="RL iterations (preset's)")
+    p.add_argument("--eval-attempts", type=int, default=4, metavar="N")
+    p.add_argument("--parallel", type=int, default=8, help="baseline gradings in flight")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--reuse", action="store_true", help="keep finished arms under --out")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if args.eval_attempts < 1:
+        p.error(f"--eval-attempts must be >= 1, got {args.eval_attempts}")
+    if args.iterations is not None and args.iterations < 1:
+        p.error(f"--iterations must be >= 1, got {args.iterations}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    print(f"== no-learning baselines on {args.split}", file=sys.stderr, flush=True)
+    base, fam, gold = baselines(args)
+    per_seed: dict[int, dict] = {}
+    walls: dict[int, dict] = {}
+    try:
+        for seed in args.seeds:
+            print(f"== seed {seed}: RL", file=sys.stderr, flush=True)
+            t0 = time.monotonic()
+            rl = run_rl(seed, args)
+            models = {"sft": rl / "model-sft", "rl": rl / "model"}
+            wall = {"rl_run": time.monotonic() - t0, "rl_phase": _rl_seconds(rl)}
+            for name in CONTROLS:
+                print(f"== seed {seed}: control {name}", file=sys.stderr, flush=True)
+                t0 = time.monotonic()
+                models[name] = run_control(seed, name, rl, args) / "model"
+                wall[name] = time.monotonic() - t0
+            per_seed[seed] = {}
+            for name, model in models.items():
+                print(f"== seed {seed}: measure {name}", file=sys.stderr, flush=True)
+                per_seed[seed][name] = measure(seed, name, model, args)["per_task"]
+            walls[seed] = wall
+    except Interrupted as stopped:
+        print(f"interrupted in {stopped}; rerun with --reuse to continue", file=sys.stderr)
+        return 130
+    res = analyse(per_seed, base, fam, gold)
+    res.update(
+        split=args.split,
+        preset=args.preset,
+        attempts=args.eval_attempts,
+        tasks=len(fam),
+        commit=_commit(),
+        command=" ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        wall_seconds={str(s): w for s, w in walls.items()},
+        total_seconds=time.monotonic() - start,
+        tasks_of_gold_kind=sum(gold.values()),
+        tasks_of_no_gold_kind=sum(not g for g in gold.values()),
+    )
+    print_table(res, args.split)
+    (out / "summary.json").write_text(
+        json.dumps({"result": res, "per_seed": per_seed, "baselines": base}, indent=1),
+        encoding="utf-8",
+    )
+    results = Path(args.results) if args.results else out / "results.json"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+    _plot(res, out / "arms.png")
+    print(f"results: {results}  per task: {out / 'summary.json'}  plot: {out / 'arms.png'}")
+    return 0
 
 
 if __name__ == "__main__":

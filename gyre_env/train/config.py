@@ -53,8 +53,9 @@ class ModelConfig:
     num_kv_heads: int = 2
     initializer_range: float = 0.02
     """Init std of the built-in model (the serving-only tiny model uses a peaked 0.3)."""
-    seed: int = 0
-    """Seed of the built-in model's weights."""
+    seed: int | None = None
+    """Seed of the built-in model's weights; None: the run's ``seed``, so that runs of
+    different seeds start from different weights as well as sample differently."""
     context_length: int = 4096
     """Context window of the engine and the training units (prompt + output tokens)."""
 
@@ -313,6 +314,14 @@ class ScheduleConfig:
     a random-init model scores 0, so a time-boxed run may skip it)."""
     checkpoint_every: int = 1
     """Checkpoint every this many iterations (and at the end, and on Ctrl-C)."""
+    baselines: bool = True
+    """After the last evaluation, grade the no-learning baselines on the evaluated tasks
+    (generated nano tasks only; ``gyre_env.tasks.nano_baselines``): the report shows RL's
+    result beside what a policy scores that never reads the operation."""
+    rl_updates: bool = True
+    """False: each iteration takes only its gold steps (``sft.steps_per_iteration``) and
+    no rollouts or RL steps, the RL schedule with the RL loss switched off: the learning
+    benchmark's control (b) (``benchmarks/train_cpu.py``)."""
 
 
 @dataclass(kw_only=True)
@@ -590,6 +599,11 @@ class TrainConfig:
         self._check_agent_tools()
         if self.rollout.group_size < 2 and self.schedule.iterations:
             raise ConfigError("rollout.group_size must be >= 2: GRPO compares attempts")
+        if not self.schedule.rl_updates and not self.gold_steps_per_iteration():
+            raise ConfigError(
+                "schedule.rl_updates = false leaves each iteration only its gold steps, and "
+                "this run has none (set sft.steps_per_iteration, sft.trajectories, sft.steps)"
+            )
         self.loss_config()
         self.sample_config()
         self.optim_config()

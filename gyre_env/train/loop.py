@@ -69,6 +69,8 @@ def _phases(run: TrainRun, stop: Stop) -> None:
         run.end_sft()  # a fresh optimizer for RL; checkpoint-sft/ and model-sft/
     while c.phase == "rl" and c.iteration < cfg.schedule.iterations:
         _iteration(run, stop)
+    if c.phase == "rl":
+        run.baselines()
     c.phase = "done"
     run.save()
     run.export(run.out / "model")
@@ -79,7 +81,8 @@ def _iteration(run: TrainRun, stop: Stop) -> None:
     steps on them and the gold steps, a weight push, then eval and checkpoint."""
     cfg, c = run.cfg, run.cursor
     it, t0 = c.iteration, time.monotonic()
-    stats = run.rollouts(it) if c.rollout_run is None else None
+    rollouts = c.rollout_run is None and cfg.schedule.rl_updates
+    stats = run.rollouts(it) if rollouts else None
     t1 = time.monotonic()
     steps = run.train_steps(it, stop)
     t2 = time.monotonic()

@@ -157,6 +157,14 @@ def headline(by_kind: dict[str, Rows]) -> list[tuple[str, str]]:
     if pr["rl"] is not None and pr["sft"] is not None:
         change = f"{100 * (pr['rl'] - pr['sft']):+.1f} points"
     rows.append(("change, RL - SFT", change))
+    base = {str(r.get("name")): r for r in by_kind.get("baseline", [])}  # the last of each
+    rated = [r for r in base.values() if num(r, "pass_rate") is not None]
+    for r in rated:
+        rows.append((f"no-learning baseline: {r['name']}", _pct(num(r, "pass_rate"))))
+    if rated and pr["rl"] is not None:
+        best = max(rated, key=lambda r: num(r, "pass_rate"))
+        gain = pr["rl"] - num(best, "pass_rate")
+        rows.append((f"change, RL - best baseline ({best['name']})", f"{100 * gain:+.1f} points"))
     if pr["control"] is not None:
         rows.append(("held-out pass rate, control", _pct(pr["control"])))
     iterations = by_kind.get("iteration", [])

@@ -227,6 +227,31 @@ class TrainRun:
         )
         return row
 
+    def baselines(self) -> None:
+        """The no-learning baselines (``tasks.nano_baselines``) on the evaluated tasks, as
+        ``baseline`` rows: the pass rates RL's result must beat without reading the spec.
+        Generated nano tasks only (``schedule.baselines``)."""
+        cfg = self.cfg
+        if not (cfg.schedule.baselines and cfg.tasks.suite == "nano" and self.tasks.heldout):
+            return
+        from gyre_env.scoring.final import GradingConfig
+        from gyre_env.tasks.nano_baselines import no_learning_baselines
+
+        t0, kw = time.monotonic(), cfg.tasks.env_kwargs
+        grading = GradingConfig(
+            backend=kw.get("sandbox_backend", "auto"),
+            pytest_plugins=kw.get("grading", {}).get("pytest_plugins"),
+        )
+        say(f"no-learning baselines on the {len(self.tasks.heldout)} {eval_label(cfg)} tasks")
+        found = no_learning_baselines(
+            self.tasks.heldout, self.tasks.train, grading, parallel=cfg.rollout.parallel
+        )
+        for name, per_task in found.items():
+            rate = float(np.mean(list(per_task.values()))) if per_task else None
+            self.logger.log("baseline", {"name": name, "pass_rate": rate, "tasks": len(per_task)})
+            say(f"  {name}: pass rate {rate:.3f}" if rate is not None else f"  {name}: -")
+        self.logger.log("phase", {"phase": "baselines", "seconds": time.monotonic() - t0})
+
     def record_gold(self) -> None:
         """Gold trajectories through the proxy into the store (run ``sft``)."""
         from gyre_env.proxy.scripted import ScriptedEngine
@@ -303,14 +328,16 @@ class TrainRun:
         from gyre_env.trajectory.packing import loss_token_lags
 
         cfg, c = self.cfg, self.cursor
-        minibatches, skipped = rl_minibatches(
-            self.store.trees(run=c.rollout_run),
-            cfg.sample_config(),
-            steps=cfg.schedule.optimizer_steps,
-            epochs=cfg.schedule.epochs,
-            skip_zero_variance=cfg.algorithm.skip_zero_variance,
-            rng=np.random.default_rng([cfg.seed, it]),
-        )
+        minibatches, skipped = [], 0  # schedule.rl_updates off: the gold steps alone
+        if cfg.schedule.rl_updates:
+            minibatches, skipped = rl_minibatches(
+                self.store.trees(run=c.rollout_run),
+                cfg.sample_config(),
+                steps=cfg.schedule.optimizer_steps,
+                epochs=cfg.schedule.epochs,
+                skip_zero_variance=cfg.algorithm.skip_zero_variance,
+                rng=np.random.default_rng([cfg.seed, it]),
+            )
         if cfg.algorithm.loss.policy_loss == "decoupled" and c.minibatch < len(minibatches):
             self.proximal(it, [u for units in minibatches for u in units])
         staleness: collections.Counter[str] = collections.Counter()

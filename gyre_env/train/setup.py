@@ -22,7 +22,7 @@ def prepare_model(cfg: TrainConfig) -> Path:
 
         return tiny_model_path(
             TinyModelConfig(
-                seed=m.seed,
+                seed=cfg.seed if m.seed is None else m.seed,
                 hidden_size=m.hidden_size,
                 intermediate_size=m.intermediate_size,
                 num_layers=m.num_layers,

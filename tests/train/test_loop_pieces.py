@@ -209,3 +209,23 @@ def test_each_groups_advantages_are_computed_once(monkeypatch):
     mbs, _ = rl_minibatches(trees, _cfg("schedule.epochs=2"), np.random.default_rng(0))
     assert mbs
     assert sorted(calls) == sorted(t.group for t in trees)
+
+
+def test_the_seed_sets_the_built_in_models_initial_weights():
+    """Seeds change the initial weights as well as sampling (``model.seed`` unset), and an
+    explicit ``model.seed`` holds the weights fixed across seeds."""
+    from safetensors.numpy import load_file
+
+    from gyre_env.train.setup import prepare_model
+
+    def weights(*more):
+        shape = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1"]
+        folder = prepare_model(apply_overrides(TrainConfig(), [*shape, *more]))
+        return load_file(next(folder.glob("*.safetensors")))
+
+    a, b = weights("seed=0"), weights("seed=1")
+    name = next(k for k in a if "mlp" in k)
+    assert not np.array_equal(a[name], b[name])
+    assert np.array_equal(weights("seed=0")[name], a[name])
+    pinned = weights("seed=1", "model.seed=0")
+    assert np.array_equal(pinned[name], a[name])

@@ -199,6 +199,9 @@ def test_bad_configs_are_refused_naming_the_key(tmp_path):
     gold = apply_overrides(TrainConfig(), ["sft.steps_per_iteration=4"])
     assert gold.gold_steps_per_iteration() == 4
     assert apply_overrides(gold, ["sft.trajectories=0"]).gold_steps_per_iteration() == 0  # no gold
+    with pytest.raises(ConfigError, match="schedule.rl_updates = false leaves each iteration"):
+        apply_overrides(TrainConfig(), ["schedule.rl_updates=false"])  # nothing would train
+    assert not apply_overrides(gold, ["schedule.rl_updates=false"]).schedule.rl_updates
     with pytest.raises(ConfigError, match="no preset 'cpu-dmeo'"):
         load_config(preset="cpu-dmeo")
     # The env's options, nested ones too, are checked before a run folder exists.

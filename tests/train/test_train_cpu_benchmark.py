@@ -1,0 +1,112 @@
+"""benchmarks/train_cpu.py: its statistics (paired differences, standard errors clustered
+by task family, the targets) on known numbers, and the whole benchmark end to end at toy
+size: the RL run, the three controls from its SFT checkpoint, the measurements and the
+no-learning baselines, on real parts (bubblewrap sandboxes, the embedded engine, the
+torch trainer). Learning itself is not asserted here: the toy model learns nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_cpu.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("train_cpu_bench", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_clustered_standard_error_by_hand(bench):
+    fam = {"t1": "A", "t2": "A", "t3": "B", "t4": "B"}
+    c = bench.clustered({"t1": 1.0, "t2": 0.0, "t3": 1.0, "t4": 1.0}, fam)
+    # residual sums per family: A 0.25 - 0.75 = -0.5, B 0.25 + 0.25 = 0.5; CR1 factor 2/1
+    assert c["mean"] == 0.75 and c["g"] == 2
+    assert math.isclose(c["se"], math.sqrt(2 * (0.25 + 0.25)) / 4)
+    assert math.isclose(c["lo"], 0.75 - 12.706 * c["se"])
+
+
+def test_clustering_widens_the_interval_of_correlated_tasks(bench):
+    """Eight tasks in two families that move together: clustered by family the error is
+    far larger than the same numbers read as eight independent tasks."""
+    diffs = {f"t{i}": (1.0 if i < 4 else 0.0) for i in range(8)}
+    by_family = bench.clustered(diffs, {t: t < "t4" for t in diffs})
+    independent = bench.clustered(diffs, {t: t for t in diffs})
+    assert by_family["se"] > 2 * independent["se"]
+    assert by_family["lo"] < 0 < independent["lo"]
+
+
+def _arms(rl: float, ctl: float, tasks: list[str]) -> dict:
+    return {
+        "sft": {t: 0.0 for t in tasks},
+        "rl": {t: rl if i % 2 == 0 else 1.0 for i, t in enumerate(tasks)},
+        "a_more_sft": {t: ctl for t in tasks},
+        "b_gold_only": {t: ctl / 2 for t in tasks},
+        "c_no_gold": {t: 0.0 for t in tasks},
+    }
+
+
+def test_targets_need_every_seed_and_an_interval_above_zero(bench):
+    tasks = [f"t{i}" for i in range(12)]
+    fam = {t: f"op{i % 4}" for i, t in enumerate(tasks)}
+    gold = {t: i < 6 for i, t in enumerate(tasks)}
+    base = {"type-guess": {t: 0.25 for t in tasks}, "majority-op": {t: 0.1 for t in tasks}}
+    good = bench.analyse({0: _arms(0.8, 0.3, tasks), 1: _arms(0.7, 0.4, tasks)}, base, fam, gold)
+    assert good["pooled"]["best_control"] == "a_more_sft"
+    assert good["pooled"]["best_baseline"] == "type-guess"
+    assert all(t["met"] for t in good["targets"].values()), good["targets"]
+    assert math.isclose(good["arms"]["rl"]["mean"], (0.9 + 0.85) / 2)
+    # one seed where the best control beats RL: the control target is missed
+    bad = bench.analyse({0: _arms(0.8, 0.3, tasks), 1: _arms(0.2, 0.95, tasks)}, base, fam, gold)
+    assert bad["per_seed"]["1"]["rl_minus_best_control"]["mean"] < 0
+    assert not bad["targets"]["rl_minus_best_control"]["met"]
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+def test_the_benchmark_runs_every_arm_end_to_end(bench, tmp_path, capsys):
+    toy = [
+        "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
+        "model.context_length=1024", "tasks.train_count=60", "tasks.heldout_count=6",
+        "sft.trajectories=4", "sft.steps=2", "sft.batch_size=2", "sft.steps_per_iteration=2",
+        "rollout.group_size=2", "rollout.tasks_per_iteration=2", "rollout.max_new_tokens=16",
+        "rollout.parallel=4", "schedule.optimizer_steps=1",
+        "algorithm.skip_zero_variance=false",
+    ]  # fmt: skip
+    out = tmp_path / "bench"
+    argv = ["--seeds", "0", "--iterations", "2", "--eval-attempts", "1", "--no-progress"]
+    argv += ["--out", str(out), "--split", "validation", "--parallel", "2"]
+    for item in toy:
+        argv += ["--set", item]
+    assert bench.main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["split"] == "validation" and res["tasks"] == 6 and res["commit"]
+    assert set(res["arms"]) == set(bench.ARMS)
+    assert set(res["baselines"]) == {"majority-op", "type-guess", "best-op-per-kind"}
+    seed = out / "seed0"
+
+    def rows(arm, kind):
+        lines = (seed / arm / "metrics.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+    assert len(rows("rl", "rl")) == 2 and len(rows("rl", "ptx")) == 4
+    # (b): the RL schedule's gold steps and nothing else
+    assert not rows("b_gold_only", "rl") and len(rows("b_gold_only", "ptx")) == 4
+    assert [r.get("episodes") for r in rows("b_gold_only", "iteration")] == [None, None]
+    # (c): RL steps, no gold steps
+    assert len(rows("c_no_gold", "rl")) == 2 and not rows("c_no_gold", "ptx")
+    # (a): SFT continued past the checkpoint's 2 steps, at the gold steps' learning rate
+    sft = rows("a_more_sft", "sft")
+    assert len(sft) > 2 and sft[-1]["lr"] <= 3e-4 + 1e-12
+    for arm in bench.ARMS:
+        measured = json.loads((seed / "measure" / arm / "per_task.json").read_text())
+        assert len(measured["per_task"]) == 6
+    printed = capsys.readouterr().out
+    assert "RL - best control" in printed and "target rl_minus_sft" in printed
