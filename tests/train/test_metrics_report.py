@@ -285,3 +285,19 @@ def test_gold_steps_between_rl_iterations_are_plotted_with_sft(tmp_path):
     assert [r["step"] for r in by_kind["ptx"]] == [3, 4]
     assert plot_sft(by_kind, plt) is not None
     assert plot_sft({"rl": by_kind["ptx"]}, plt) is None
+
+
+def test_report_shows_the_no_learning_baselines_and_rl_over_the_best(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = _full_run() + [
+        {"kind": "baseline", "name": "type-guess", "pass_rate": 0.9, "tasks": 44},  # replaced
+        {"kind": "baseline", "name": "majority-op", "pass_rate": 0.1, "tasks": 44},
+        {"kind": "baseline", "name": "type-guess", "pass_rate": 0.3, "tasks": 44},
+        {"kind": "phase", "phase": "baselines", "seconds": 7.0},
+    ]
+    _write_jsonl(tmp_path / "metrics.jsonl", rows)
+    page = write_report(tmp_path).read_text()
+    assert "no-learning baseline: type-guess</td><td>30.0%" in page
+    assert "no-learning baseline: majority-op</td><td>10.0%" in page
+    assert "change, RL - best baseline (type-guess)</td><td>+25.0 points" in page  # 55 - 30
+    assert "</td><td>82.0s</td>" in page  # the baselines' 7 s count in the total
