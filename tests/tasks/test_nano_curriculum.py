@@ -26,12 +26,12 @@ from gyre_env.train.config import load_config
 PRESET = load_config(preset="cpu-demo")
 KW = dict(PRESET.tasks.suite_kwargs)
 ALL_OPS = set(KW["only"].split(","))
-GOLD_PHRASING = KW["gold_phrasing"]
+ONE_PHRASING = {**KW, "gold_phrasing": 0}
+"""The preset's tasks with gold on the first phrasing of each operation only."""
 
 
 def _has_gold(v) -> bool:
-    """What the preset promises: gold on one words phrasing per operation, no other."""
-    return v.phrasing == word_phrasings(v.template)[GOLD_PHRASING]
+    return v.phrasing == word_phrasings(v.template)[0]
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +41,6 @@ def splits():
 
 def _hidden(v) -> str:
     return render(v)["hidden_tests/tests/test_solution.py"]
-
-
-def test_the_preset_leaves_a_phrasing_of_every_operation_without_gold():
-    for key in ALL_OPS:
-        t = next(t for t in TEMPLATES if t.key == key)
-        assert len(word_phrasings(t)) >= 2, key  # one with gold, at least one without
 
 
 def test_no_heldout_hidden_test_file_equals_a_training_tasks(splits):
@@ -66,16 +60,25 @@ def test_heldout_argument_names_appear_in_no_training_task(splits):
     assert not {v.args for v in splits["validation"]} & {v.args for v in splits["fit"]}
 
 
-def test_every_operation_is_in_heldout_and_its_other_phrasings_have_no_gold_anywhere(splits):
-    assert {v.template.key for v in splits["heldout"]} == ALL_OPS
+def test_every_operation_is_in_heldout_with_gold_and_every_phrasing(splits):
     held = splits["heldout"]
+    assert {v.template.key for v in held} == ALL_OPS
+    assert all(v.gold for v in splits["train"] + held)
+    for key in ALL_OPS:
+        t = next(t for t in TEMPLATES if t.key == key)
+        assert {v.phrasing for v in held if v.template is t} == set(word_phrasings(t))
+
+
+def test_gold_phrasing_leaves_the_other_phrasings_without_gold_anywhere():
+    train = sample_variants("train", None, 0, **ONE_PHRASING)
+    held = sample_variants("heldout", None, 0, **ONE_PHRASING)
     assert {_has_gold(v) for v in held} == {True, False}  # both kinds are measured
-    for v in splits["train"] + held:
+    for v in train + held:
         assert ("gold/solution.py" in render(v)) == _has_gold(v) == v.gold, v.task_id
 
 
 def test_sft_gold_comes_only_from_the_gold_phrasing(tmp_path):
-    train = nano_tasks("train", 200, seed=0, root=tmp_path, **KW)
+    train = nano_tasks("train", 200, seed=0, root=tmp_path, **ONE_PHRASING)
     gold, rl = split_gold(train, gold_count=64, seed=0, rl_includes_gold=False)
     assert len(gold) == 64 and {template_of(t).key for t in gold} == ALL_OPS
     assert all(t.gold_dir for t in gold)
@@ -84,11 +87,16 @@ def test_sft_gold_comes_only_from_the_gold_phrasing(tmp_path):
 
 
 def test_gold_only_leaves_whole_operations_without_gold(tmp_path):
-    kw = {**KW, "gold_phrasing": None, "gold_only": "upper,sum"}
+    kw = {**KW, "gold_only": "upper,sum"}
     for v in sample_variants("train", 100, 0, **kw):
         assert v.gold == (v.template.key in ("upper", "sum"))
     with pytest.raises(ValueError, match="gold_phrasing 5"):
         sample_variants("train", 10, 0, **{**KW, "gold_phrasing": 5})
+
+
+def test_the_preset_evaluates_the_whole_heldout_split_and_trains_on_the_rest(splits):
+    assert PRESET.tasks.heldout_count == len(splits["heldout"])
+    assert PRESET.tasks.train_count == len(splits["train"])
 
 
 def test_no_spec_states_its_answer(splits):
@@ -121,7 +129,7 @@ def test_drawn_inputs_differ_per_task_and_defeat_a_constant_answer():
 def test_heldout_tasks_pass_with_gold_and_fail_empty(tmp_path):
     """The real preflight over held-out tasks of gold operations (gold 1.0, empty 0.0),
     and tasks without gold graded with their operation's answer and another one."""
-    held = nano_tasks("heldout", 44, seed=0, root=tmp_path, **KW)
+    held = nano_tasks("heldout", 32, seed=0, root=tmp_path, **ONE_PHRASING)
     with_gold = [t for t in held if t.gold_dir][:3]
     results = check_tasks(with_gold)
     assert all(r.ok and r.gold.score == 1.0 and r.empty.score == 0.0 for r in results)
