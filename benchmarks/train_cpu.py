@@ -367,6 +367,38 @@ def print_table(res: dict, split: str) -> None:
         print(f"target {name} {t['want']}: {'met' if t['met'] else 'NOT met'}")
 
 
+def markdown(res: dict) -> str:
+    """The README's table and differences, from a results file's figures."""
+    seeds = res["seeds"]
+    head = "| arm | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |"
+    lines = [head, "|---" * (len(seeds) + 2) + "|"]
+    for arm, label in ARMS.items():
+        a = res["arms"][arm]
+        cells = " | ".join(f"{a['per_seed'][str(s)]:.3f}" for s in seeds)
+        lines.append(f"| {label} | {cells} | {a['mean']:.3f} |")
+    for name, rate in res["baselines"].items():
+        lines.append(f"| no-learning baseline: {name} |" + " |" * len(seeds) + f" {rate:.3f} |")
+    p = res["pooled"]
+    lines += [
+        "",
+        "| difference (paired by task; 95% interval clustered by operation) | "
+        + " | ".join(f"seed {s}" for s in seeds)
+        + " | over seeds |",
+        "|---" * (len(seeds) + 2) + "|",
+    ]
+    rows = [("RL - best control", "rl_minus_best_control"), ("RL - SFT", "rl_minus_sft")]
+    rows += [(f"RL - {c}", f"rl_minus_{c}") for c in CONTROLS]
+    for label, key in rows:
+        cells = " | ".join(_ci(res["per_seed"][str(s)][key]) for s in seeds)
+        lines.append(f"| {label} | {cells} | {_ci(p[key])} |")
+    lines.append(
+        f"| RL - best baseline ({p['best_baseline']}) | "
+        + " | ".join(_ci(res["per_seed"][str(s)]["rl_minus_best_baseline"]) for s in seeds)
+        + f" | {_ci(p['rl_minus_best_baseline'])} |"
+    )
+    return "\n".join(lines)
+
+
 def _commit() -> str:
     here = Path(__file__).resolve().parent
     try:
@@ -423,7 +455,18 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--reuse", action="store_true", help="keep finished arms under --out")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--show",
+        metavar="RESULTS",
+        help="run nothing: print the table of a results file, and its README markdown",
+    )
     args = p.parse_args(argv)
+    if args.show:
+        res = json.loads(Path(args.show).read_text(encoding="utf-8"))
+        print_table(res, res["split"])
+        print(f"\nmeasured at {res['commit']} ({res['measured_at']}): {res['command']}\n")
+        print(markdown(res))
+        return 0
     if args.eval_attempts < 1:
         p.error(f"--eval-attempts must be >= 1, got {args.eval_attempts}")
     if args.iterations is not None and args.iterations < 1:

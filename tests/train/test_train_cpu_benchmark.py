@@ -110,3 +110,6 @@ def test_the_benchmark_runs_every_arm_end_to_end(bench, tmp_path, capsys):
         assert len(measured["per_task"]) == 6
     printed = capsys.readouterr().out
     assert "RL - best control" in printed and "target rl_minus_sft" in printed
+    assert bench.main(["--show", str(out / "results.json")]) == 0  # the README's table
+    shown = capsys.readouterr().out
+    assert "| RL - best control |" in shown and res["commit"] in shown
