@@ -125,9 +125,11 @@ def run_rl(seed: int, args) -> Path:
     out = Path(args.out) / f"seed{seed}" / "rl"
     if (out / "model").is_dir() and (out / "checkpoint-sft").is_dir() and args.reuse:
         return out
-    shutil.rmtree(out, ignore_errors=True)
     cfg = load_config(preset=args.preset, overrides=[*_base(args, seed), f"out={str(out)!r}"])
-    _finished(train(cfg), out)
+    resume = args.reuse and (out / "checkpoints" / "cursor.json").is_file()
+    if not resume:
+        shutil.rmtree(out, ignore_errors=True)
+    _finished(train(cfg, resume=resume), out)
     return out
 
 
@@ -140,19 +142,26 @@ def run_control(seed: int, name: str, rl: Path, args) -> Path:
     out = Path(args.out) / f"seed{seed}" / name
     if (out / "model").is_dir() and args.reuse:
         return out
+    extra = _control_settings(
+        name, rl, load_config(preset=args.preset, overrides=_base(args, seed))
+    )
+    base = [*_base(args, seed), f"out={str(out)!r}"]
+    if args.reuse and (out / "started").is_file():  # a stopped control: continue it
+        cfg = load_config(preset=args.preset, overrides=[*base, *extra])
+        _finished(train(cfg, resume=True), out)
+        return out
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     shutil.copytree(rl / "checkpoint-sft", out / "checkpoints")
     shutil.copy(rl / "store.db", out / "store.db")  # the gold episodes (run "sft")
     keep = []  # the run's rows up to the end of SFT
     for line in (rl / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
-        if json.loads(line)["kind"] in ("phase", "sft", "eval"):
+        row = json.loads(line)
+        if row["kind"] in ("phase", "sft") or row.get("phase") in ("random", "sft"):
             keep.append(line)
     (out / "metrics.jsonl").write_text("".join(x + "\n" for x in keep), encoding="utf-8")
-    base = [*_base(args, seed), f"out={str(out)!r}"]
-    cfg = load_config(preset=args.preset, overrides=base)
     if name == "a_more_sft":
-        lr = cfg.algorithm.optim.lr  # the gold steps' learning rate
+        lr = float(extra[-1].split("=", 1)[1])  # the gold steps' learning rate
         state = torch.load(out / "checkpoints" / "ckpt.pt", weights_only=False)
         state["cursor"]["phase"] = "sft_train"  # the steps done are kept
         for group in state["trainer"]["optimizer"]["param_groups"]:
@@ -162,21 +171,27 @@ def run_control(seed: int, name: str, rl: Path, args) -> Path:
         torch.save(state, out / "checkpoints" / "ckpt.pt")
         cursor = json.dumps(state["cursor"])
         (out / "checkpoints" / "cursor.json").write_text(cursor, encoding="utf-8")
-        extra = [
+    (out / "started").write_text("", encoding="utf-8")
+    cfg = load_config(preset=args.preset, overrides=[*base, *extra])
+    _finished(train(cfg, resume=True), out)
+    return out
+
+
+def _control_settings(name: str, rl: Path, cfg) -> list[str]:
+    """The overrides that make control ``name`` of the RL run ``rl`` (``cfg``: its config)."""
+    if name == "a_more_sft":
+        lr = cfg.algorithm.optim.lr  # the gold steps' learning rate
+        return [
             "schedule.iterations=0",
             f"sft.steps={10**6}",
             f"sft.max_seconds={_rl_seconds(rl)}",
             f"sft.lr={lr}",
         ]
-    elif name == "b_gold_only":
-        extra = ["schedule.rl_updates=false"]
-    elif name == "c_no_gold":
-        extra = ["sft.steps_per_iteration=0"]
-    else:
-        raise ValueError(f"unknown control {name!r}")
-    cfg = load_config(preset=args.preset, overrides=[*base, *extra])
-    _finished(train(cfg, resume=True), out)
-    return out
+    if name == "b_gold_only":
+        return ["schedule.rl_updates=false"]
+    if name == "c_no_gold":
+        return ["sft.steps_per_iteration=0"]
+    raise ValueError(f"unknown control {name!r}")
 
 
 def measure(seed: int, name: str, model: Path, args) -> dict:
