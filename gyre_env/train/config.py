@@ -599,6 +599,11 @@ class TrainConfig:
         self._check_agent_tools()
         if self.rollout.group_size < 2 and self.schedule.iterations:
             raise ConfigError("rollout.group_size must be >= 2: GRPO compares attempts")
+        if not self.schedule.rl_updates and self.elastic.enabled:
+            raise ConfigError(
+                "schedule.rl_updates = false is the synchronous loop's gold-steps-only "
+                "control; the elastic driver trains on rollouts alone (drop --elastic)"
+            )
         if not self.schedule.rl_updates and not self.gold_steps_per_iteration():
             raise ConfigError(
                 "schedule.rl_updates = false leaves each iteration only its gold steps, and "

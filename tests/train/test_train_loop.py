@@ -202,6 +202,8 @@ def test_bad_configs_are_refused_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match="schedule.rl_updates = false leaves each iteration"):
         apply_overrides(TrainConfig(), ["schedule.rl_updates=false"])  # nothing would train
     assert not apply_overrides(gold, ["schedule.rl_updates=false"]).schedule.rl_updates
+    with pytest.raises(ConfigError, match="elastic driver trains on rollouts alone"):
+        apply_overrides(gold, ["schedule.rl_updates=false", "elastic.enabled=true"])
     with pytest.raises(ConfigError, match="no preset 'cpu-dmeo'"):
         load_config(preset="cpu-dmeo")
     # The env's options, nested ones too, are checked before a run folder exists.
