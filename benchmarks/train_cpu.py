@@ -11,8 +11,9 @@ Per seed S (the seed sets the model's initial weights, the tasks drawn and sampl
   then RL on the training tasks SFT did not see, with the preset's gold steps after each
   iteration's RL steps.
 - Every control starts from the RL run's own SFT checkpoint (same weights, same gold data):
-  - **(a) more SFT**: SFT continued at the RL arm's gold-step learning rate for as long as
-    the RL phase ran (wall time, gold steps included);
+  - **(a) more SFT**: SFT continued at the RL arm's gold-step learning rate for as many
+    steps as fit in the RL phase's wall time at the run's own gold-step speed (RL's
+    wall time, in steps: a wall-clock limit would shrink on a loaded machine);
   - **(b) gold steps only**: the RL arm's schedule with the RL loss switched off
     (``schedule.rl_updates = false``: each iteration's gold steps, nothing else);
   - **(c) RL without gold steps** (``sft.steps_per_iteration = 0``).
@@ -84,6 +85,15 @@ def clustered(diffs: dict[str, float], family: dict[str, str]) -> dict:
 def _rows(out: Path, kind: str) -> list[dict]:
     lines = (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def _sft_steps_in(rl: Path) -> int:
+    """How many SFT steps fit in the RL phase's wall time: its seconds over the median
+    time of the run's own gold steps (the same batches; its SFT steps without them). Both
+    were measured in the same run, so the count does not depend on how loaded the machine
+    was, as a wall-clock limit on the control would."""
+    steps = _rows(rl, "ptx") or _rows(rl, "sft")
+    return max(1, round(_rl_seconds(rl) / float(np.median([r["step_s"] for r in steps]))))
 
 
 def _rl_seconds(out: Path) -> float:
@@ -161,7 +171,7 @@ def run_control(seed: int, name: str, rl: Path, args) -> Path:
             keep.append(line)
     (out / "metrics.jsonl").write_text("".join(x + "\n" for x in keep), encoding="utf-8")
     if name == "a_more_sft":
-        lr = float(extra[-1].split("=", 1)[1])  # the gold steps' learning rate
+        lr = cfg.algorithm.optim.lr  # the gold steps' learning rate
         state = torch.load(out / "checkpoints" / "ckpt.pt", weights_only=False)
         state["cursor"]["phase"] = "sft_train"  # the steps done are kept
         for group in state["trainer"]["optimizer"]["param_groups"]:
@@ -177,14 +187,14 @@ def run_control(seed: int, name: str, rl: Path, args) -> Path:
     return out
 
 
-def _control_settings(name: str, rl: Path, cfg) -> list[str]:
-    """The overrides that make control ``name`` of the RL run ``rl`` (``cfg``: its config)."""
+def _control_settings(name: str, rl: Path, cfg, a_steps: int | None = None) -> list[str]:
+    """The overrides that make control ``name`` of the RL run ``rl`` (``cfg``: its config;
+    ``a_steps``: control (a)'s steps, default ``_sft_steps_in(rl)``)."""
     if name == "a_more_sft":
         lr = cfg.algorithm.optim.lr  # the gold steps' learning rate
         return [
             "schedule.iterations=0",
-            f"sft.steps={10**6}",
-            f"sft.max_seconds={_rl_seconds(rl)}",
+            f"sft.steps={len(_rows(rl, 'sft')) + (a_steps or _sft_steps_in(rl))}",
             f"sft.lr={lr}",
         ]
     if name == "b_gold_only":
@@ -469,6 +479,14 @@ def main(argv=None) -> int:
     p.add_argument("--parallel", type=int, default=8, help="baseline gradings in flight")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--reuse", action="store_true", help="keep finished arms under --out")
+    p.add_argument(
+        "--a-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="control (a)'s SFT steps (default: as many as fit in the RL phase's wall time "
+        "at the run's own gold-step speed; set it when the RL runs shared the machine)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
         "--show",
