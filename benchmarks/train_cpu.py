@@ -152,9 +152,8 @@ def run_control(seed: int, name: str, rl: Path, args) -> Path:
     out = Path(args.out) / f"seed{seed}" / name
     if (out / "model").is_dir() and args.reuse:
         return out
-    extra = _control_settings(
-        name, rl, load_config(preset=args.preset, overrides=_base(args, seed))
-    )
+    cfg = load_config(preset=args.preset, overrides=_base(args, seed))
+    extra = _control_settings(name, rl, cfg, args.a_steps)
     base = [*_base(args, seed), f"out={str(out)!r}"]
     if args.reuse and (out / "started").is_file():  # a stopped control: continue it
         cfg = load_config(preset=args.preset, overrides=[*base, *extra])
