@@ -21,7 +21,7 @@ Per seed S (the seed sets the model's initial weights, the tasks drawn and sampl
 
 Then every model is measured again on the evaluated split with ``--eval-attempts``
 sampled attempts per task (default 4), and the no-learning baselines
-(``gyre_env.tasks.nano_baselines``) are graded on the same tasks. The evaluated split is
+(``gyre_env.scoring.nano_baselines``) are graded on the same tasks. The evaluated split is
 ``heldout`` (the benchmark's final run: no setting was chosen on it) or ``validation``
 (cut from the training split; the held-out tasks are then never loaded).
 
@@ -242,7 +242,7 @@ def baselines(args) -> tuple[dict, dict, dict]:
     """(no-learning baselines per task, family of each task, whether each task is of a
     kind that has gold: its operation and phrasing appear in some gold trajectory)."""
     from gyre_env.scoring.final import GradingConfig
-    from gyre_env.tasks.nano_baselines import family, no_learning_baselines
+    from gyre_env.scoring.nano_baselines import family, no_learning_baselines
     from gyre_env.train import load_config
     from gyre_env.train.setup import task_pool
 

@@ -316,7 +316,7 @@ class ScheduleConfig:
     """Checkpoint every this many iterations (and at the end, and on Ctrl-C)."""
     baselines: bool = True
     """After the last evaluation, grade the no-learning baselines on the evaluated tasks
-    (generated nano tasks only; ``gyre_env.tasks.nano_baselines``): the report shows RL's
+    (generated nano tasks only; ``gyre_env.scoring.nano_baselines``): the report shows RL's
     result beside what a policy scores that never reads the operation."""
     rl_updates: bool = True
     """False: each iteration takes only its gold steps (``sft.steps_per_iteration``) and

@@ -228,14 +228,14 @@ class TrainRun:
         return row
 
     def baselines(self) -> None:
-        """The no-learning baselines (``tasks.nano_baselines``) on the evaluated tasks, as
+        """The no-learning baselines (``scoring.nano_baselines``) on the evaluated tasks, as
         ``baseline`` rows: the pass rates RL's result must beat without reading the spec.
         Generated nano tasks only (``schedule.baselines``)."""
         cfg = self.cfg
         if not (cfg.schedule.baselines and cfg.tasks.suite == "nano" and self.tasks.heldout):
             return
         from gyre_env.scoring.final import GradingConfig
-        from gyre_env.tasks.nano_baselines import no_learning_baselines
+        from gyre_env.scoring.nano_baselines import no_learning_baselines
 
         t0, kw = time.monotonic(), cfg.tasks.env_kwargs
         grading = GradingConfig(

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from gyre_env.scoring.final import GradingConfig, grade_workspace
+from gyre_env.scoring.nano_baselines import answer, no_learning_baselines, template_of
 from gyre_env.scoring.preflight import check_tasks
 from gyre_env.tasks.nano import (
     TEMPLATES,
@@ -19,7 +20,6 @@ from gyre_env.tasks.nano import (
     sample_variants,
     word_phrasings,
 )
-from gyre_env.tasks.nano_baselines import answer, no_learning_baselines, template_of
 from gyre_env.tasks.splits import split_gold
 from gyre_env.train.config import load_config
 
