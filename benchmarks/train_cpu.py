@@ -241,18 +241,13 @@ def measure(seed: int, name: str, model: Path, args) -> dict:
 def baselines(args) -> tuple[dict, dict, dict]:
     """(no-learning baselines per task, family of each task, whether each task is of a
     kind that has gold: its operation and phrasing appear in some gold trajectory)."""
-    from gyre_env.scoring.final import GradingConfig
     from gyre_env.scoring.nano_baselines import family, no_learning_baselines
     from gyre_env.train import load_config
-    from gyre_env.train.setup import task_pool
+    from gyre_env.train.setup import grading_config, task_pool
 
     cfg = load_config(preset=args.preset, overrides=_base(args, 0))
     pool = task_pool(cfg)
-    kwargs = dict(cfg.tasks.env_kwargs)
-    grading = GradingConfig(
-        backend=kwargs.get("sandbox_backend", "auto"),
-        pytest_plugins=kwargs.get("grading", {}).get("pytest_plugins"),
-    )
+    grading = grading_config(cfg)
     path = Path(args.out) / f"baselines-{args.split}.json"
     if path.is_file() and args.reuse:
         base = json.loads(path.read_text(encoding="utf-8"))
@@ -355,6 +350,11 @@ def _ci(c: dict) -> str:
     return f"{c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]"
 
 
+def _rate(x: float) -> str:
+    """A pass rate, or "-" for a subset with no tasks (its mean is nan)."""
+    return "-" if np.isnan(x) else f"{x:.3f}"
+
+
 def print_table(res: dict, split: str) -> None:
     seeds = res["seeds"]
     print(f"\n{split} pass rate, {res['attempts']} sampled attempts per task, {res['tasks']} tasks")
@@ -368,7 +368,8 @@ def print_table(res: dict, split: str) -> None:
         print(
             f"{label:<58}"
             + "".join(f"  {a['per_seed'][str(s)]:6.3f}" for s in seeds)
-            + f"  {a['mean']:6.3f}  {a['gold_kind_mean']:13.3f}  {a['no_gold_kind_mean']:16.3f}"
+            + f"  {a['mean']:6.3f}  {_rate(a['gold_kind_mean']):>13}  "
+            + f"{_rate(a['no_gold_kind_mean']):>16}"
         )
     for name, rate in res["baselines"].items():
         print(f"{'no-learning baseline: ' + name:<58}" + " " * (8 * len(seeds)) + f"  {rate:6.3f}")

@@ -48,6 +48,7 @@ from gyre_env.train.rollout_engines import (
 )
 from gyre_env.train.setup import (
     eval_label,
+    grading_config,
     make_agent,
     make_trainer,
     metrics_logger,
@@ -234,14 +235,9 @@ class TrainRun:
         cfg = self.cfg
         if not (cfg.schedule.baselines and cfg.tasks.suite == "nano" and self.tasks.heldout):
             return
-        from gyre_env.scoring.final import GradingConfig
         from gyre_env.scoring.nano_baselines import no_learning_baselines
 
-        t0, kw = time.monotonic(), cfg.tasks.env_kwargs
-        grading = GradingConfig(
-            backend=kw.get("sandbox_backend", "auto"),
-            pytest_plugins=kw.get("grading", {}).get("pytest_plugins"),
-        )
+        t0, grading = time.monotonic(), grading_config(cfg)
         say(f"no-learning baselines on the {len(self.tasks.heldout)} {eval_label(cfg)} tasks")
         found = no_learning_baselines(
             self.tasks.heldout, self.tasks.train, grading, parallel=cfg.rollout.parallel

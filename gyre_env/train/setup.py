@@ -90,6 +90,18 @@ def task_pool(cfg: TrainConfig) -> TaskPool:
     return TaskPool(train=train, heldout=heldout, gold=gold, rl=rl)
 
 
+def grading_config(cfg: TrainConfig):
+    """The final grader's settings the run's envs use (``tasks.env_kwargs``), for grading
+    outside an env (the no-learning baselines)."""
+    from gyre_env.scoring.final import GradingConfig
+
+    kw = cfg.tasks.env_kwargs
+    return GradingConfig(
+        backend=kw.get("sandbox_backend", "auto"),
+        pytest_plugins=kw.get("grading", {}).get("pytest_plugins"),
+    )
+
+
 def open_store(cfg: TrainConfig, model_dir: Path):
     """(tokenizer, store): ``OUT/store.db``, refused if it holds another tokenizer's ids."""
     from gyre_env.engines.tiny import load_tokenizer
