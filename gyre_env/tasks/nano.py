@@ -782,7 +782,7 @@ def sample_variants(
     phrasings: str = "all",
     gold_only: str | None = None,
     holdout: str = "pairs",
-    gold_phrasing: int | None = None,
+    gold_phrasing: int | str | None = None,
 ) -> list[Variant]:
     """``count`` variants of ``split`` (all when None), round-robin over the templates in a
     seeded order, each template's variants in a seeded order: balanced and deterministic.
@@ -792,8 +792,11 @@ def sample_variants(
     templates (as ``only`` does) whose tasks carry gold, the others have none (None:
     all have gold); ``gold_phrasing`` (an index into a template's phrasings of this
     ``phrasings`` mode) keeps gold only on tasks of that phrasing, so the other phrasings
-    have no gold trajectory anywhere (None: every phrasing has gold). ``holdout`` is a
-    ``HOLDOUT_MODES`` entry."""
+    have no gold trajectory anywhere (None: every phrasing has gold); ``"alternate"``
+    gives the n-th kept template of each kind gold on phrasing ``n mod phrasings`` only,
+    so that every phrasing's sentence is shown with gold on some operation while each
+    operation has phrasings with no gold anywhere. ``holdout`` is a ``HOLDOUT_MODES``
+    entry."""
     if inputs not in INPUT_MODES:
         raise ValueError(f"inputs must be one of {INPUT_MODES}, got {inputs!r}")
     if holdout not in HOLDOUT_MODES:
@@ -806,6 +809,12 @@ def sample_variants(
     pools: dict[str, list[Variant]] = {}
     keep = select_templates(only)
     with_gold = select_templates(gold_only)
+    if isinstance(gold_phrasing, str) and gold_phrasing != "alternate":
+        gold_phrasing = int(gold_phrasing)  # "0" from ``gyre tasks -o``
+    nth: dict[str, int] = {}  # "alternate": the template's rank among its kind's kept ones
+    for t in TEMPLATES:
+        if t.key in keep:
+            nth[t.key] = sum(u.kind == t.kind and u.key in nth for u in TEMPLATES)
     for v in all_variants(names, arg_names, phrasings):
         if v.template.key in keep and in_split(v.key, split, holdout):
             wording = (
@@ -813,14 +822,15 @@ def sample_variants(
                 if phrasings == "all"
                 else word_phrasings(v.template)
             )
-            if gold_phrasing is not None and not 0 <= gold_phrasing < len(wording):
+            index = gold_phrasing
+            if gold_phrasing == "alternate":
+                index = nth[v.template.key] % len(wording)
+            elif gold_phrasing is not None and not 0 <= gold_phrasing < len(wording):
                 raise ValueError(
                     f"gold_phrasing {gold_phrasing} is not one of the {len(wording)} "
                     f"phrasings of {v.template.key!r}"
                 )
-            gold = v.template.key in with_gold and (
-                gold_phrasing is None or v.phrasing == wording[gold_phrasing]
-            )
+            gold = v.template.key in with_gold and (index is None or v.phrasing == wording[index])
             v = dataclasses.replace(v, drawn=inputs == "drawn", gold=gold)
             pools.setdefault(v.template.key, []).append(v)
     for pool in pools.values():
@@ -881,7 +891,7 @@ def nano_tasks(
         phrasings,
         gold_only,
         holdout,
-        None if gold_phrasing is None else int(gold_phrasing),
+        gold_phrasing,
     )
     base = Path(root).expanduser() if root is not None else default_root()
     base.mkdir(parents=True, exist_ok=True)

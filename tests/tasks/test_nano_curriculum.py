@@ -86,6 +86,30 @@ def test_sft_gold_comes_only_from_the_gold_phrasing(tmp_path):
     assert {template_of(t).key for t in no_gold} == ALL_OPS  # RL sees the other phrasing
 
 
+def test_alternate_gold_shows_every_phrasing_and_leaves_every_operation_one_without_gold():
+    kw = {**KW, "gold_phrasing": "alternate"}
+    for split in ("train", "heldout"):
+        variants = sample_variants(split, None, 0, **kw)
+        pairs = {
+            (v.template.key, word_phrasings(v.template).index(v.phrasing), v.gold) for v in variants
+        }
+        for key in ALL_OPS:  # one phrasing with gold, the other with none anywhere
+            assert {g for k, _, g in pairs if k == key} == {True, False}, key
+            assert len({p for k, p, g in pairs if k == key and g}) == 1, key
+        for kind in ("str", "list", "int"):  # each phrasing's sentence is shown with gold
+            ops = {t.key for t in TEMPLATES if t.kind == kind} & ALL_OPS
+            assert {p for k, p, g in pairs if k in ops and g} == {0, 1}, kind
+        for v in variants:
+            assert ("gold/solution.py" in render(v)) == v.gold, v.task_id
+    # the same draw as without gold_phrasing: only which tasks carry gold differs
+    def what(v):
+        return v.template.key, v.args, v.phrasing
+
+    assert [what(v) for v in sample_variants("train", None, 0, **kw)] == [
+        what(v) for v in sample_variants("train", None, 0, **KW)
+    ]
+
+
 def test_gold_only_leaves_whole_operations_without_gold(tmp_path):
     kw = {**KW, "gold_only": "upper,sum"}
     for v in sample_variants("train", 100, 0, **kw):
