@@ -54,6 +54,24 @@ ARMS = {
     "c_no_gold": "(c) RL without gold steps",
 }
 CONTROLS = ("a_more_sft", "b_gold_only", "c_no_gold")
+NO_GOLD_STEPS = {"rl": "RL (rollouts only, no gold steps)"}
+"""An RL arm without gold steps: (b) would take no step at all (it is the SFT checkpoint)
+and (c) would be the RL arm itself, so (a) is its one control besides SFT."""
+
+
+def controls_of(cfg) -> tuple[str, ...]:
+    """The controls that isolate RL in ``cfg``'s RL arm (see ``NO_GOLD_STEPS``)."""
+    return CONTROLS if cfg.gold_steps_per_iteration() else CONTROLS[:1]
+
+
+def labels_of(res: dict) -> dict[str, str]:
+    """Each measured arm's label (results files before ``controls`` ran all of them)."""
+    controls = res.get("controls", CONTROLS)
+    names = ["sft", "rl", *controls]
+    extra = NO_GOLD_STEPS if tuple(controls) != CONTROLS else {}
+    return {n: extra.get(n, ARMS[n]) for n in names}
+
+
 TARGETS = {"rl_minus_best_control": 0.10, "rl_minus_sft": 0.15, "rl_minus_best_baseline": 0.15}
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 _T975.update({9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131})
@@ -271,14 +289,18 @@ def _diff(a: dict, b: dict) -> dict:
     return {t: a[t] - b[t] for t in a if t in b}
 
 
-def analyse(per_seed: dict, base: dict, fam: dict, gold: dict) -> dict:
-    """Every figure the README quotes, from the per-task pass rates."""
+def analyse(
+    per_seed: dict, base: dict, fam: dict, gold: dict, controls: tuple[str, ...] = CONTROLS
+) -> dict:
+    """Every figure the README quotes, from the per-task pass rates (``controls``: those
+    the RL arm has, ``controls_of``)."""
     seeds = sorted(per_seed)
     out: dict = {"seeds": seeds, "arms": {}, "baselines": {}, "per_seed": {}, "pooled": {}}
+    out["controls"] = list(controls)
     for name, per_task in base.items():
         out["baselines"][name] = _mean(per_task)
     best_base = max(base, key=lambda n: _mean(base[n]))
-    for arm in ARMS:
+    for arm in ("sft", "rl", *controls):
         rates = [_mean(per_seed[s][arm]) for s in seeds]
         with_gold = [_mean(_subset(per_seed[s][arm], gold, True)) for s in seeds]
         no_gold = [_mean(_subset(per_seed[s][arm], gold, False)) for s in seeds]
@@ -296,13 +318,13 @@ def analyse(per_seed: dict, base: dict, fam: dict, gold: dict) -> dict:
         }
     for s in seeds:
         arms = per_seed[s]
-        best_ctl = max(CONTROLS, key=lambda c: _mean(arms[c]))
+        best_ctl = max(controls, key=lambda c: _mean(arms[c]))
         out["per_seed"][str(s)] = {
             "best_control": best_ctl,
             "rl_minus_best_control": clustered(_diff(arms["rl"], arms[best_ctl]), fam),
             "rl_minus_sft": clustered(_diff(arms["rl"], arms["sft"]), fam),
             "rl_minus_best_baseline": clustered(_diff(arms["rl"], base[best_base]), fam),
-            **{f"rl_minus_{c}": clustered(_diff(arms["rl"], arms[c]), fam) for c in CONTROLS},
+            **{f"rl_minus_{c}": clustered(_diff(arms["rl"], arms[c]), fam) for c in controls},
         }
 
     def pooled(other) -> dict:  # per-task differences averaged over seeds, then clustered
@@ -312,14 +334,14 @@ def analyse(per_seed: dict, base: dict, fam: dict, gold: dict) -> dict:
                 per_task.setdefault(t, []).append(d)
         return clustered({t: float(np.mean(v)) for t, v in per_task.items()}, fam)
 
-    best_mean_ctl = max(CONTROLS, key=lambda c: out["arms"][c]["mean"])
+    best_mean_ctl = max(controls, key=lambda c: out["arms"][c]["mean"])
     out["pooled"] = {
         "best_control": best_mean_ctl,
         "best_baseline": best_base,
         "rl_minus_best_control": pooled(lambda s: per_seed[s][best_mean_ctl]),
         "rl_minus_sft": pooled(lambda s: per_seed[s]["sft"]),
         "rl_minus_best_baseline": pooled(lambda s: base[best_base]),
-        **{f"rl_minus_{c}": pooled(lambda s, c=c: per_seed[s][c]) for c in CONTROLS},
+        **{f"rl_minus_{c}": pooled(lambda s, c=c: per_seed[s][c]) for c in controls},
     }
     per = out["per_seed"]
     out["targets"] = {
@@ -363,7 +385,7 @@ def print_table(res: dict, split: str) -> None:
         + "".join(f"  seed {s}" for s in seeds)
         + "    mean  gold-phrasing  no-gold-phrasing"
     )
-    for arm, label in ARMS.items():
+    for arm, label in labels_of(res).items():
         a = res["arms"][arm]
         print(
             f"{label:<58}"
@@ -382,7 +404,7 @@ def print_table(res: dict, split: str) -> None:
         )
     p = res["pooled"]
     print(f"over seeds: RL - best control ({p['best_control']}) {_ci(p['rl_minus_best_control'])}")
-    for c in CONTROLS:
+    for c in res.get("controls", CONTROLS):
         print(f"            RL - {c} {_ci(p['rl_minus_' + c])}")
     print(f"            RL - SFT {_ci(p['rl_minus_sft'])}")
     print(
@@ -397,7 +419,7 @@ def markdown(res: dict) -> str:
     seeds = res["seeds"]
     head = "| arm | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |"
     lines = [head, "|---" * (len(seeds) + 2) + "|"]
-    for arm, label in ARMS.items():
+    for arm, label in labels_of(res).items():
         a = res["arms"][arm]
         cells = " | ".join(f"{a['per_seed'][str(s)]:.3f}" for s in seeds)
         lines.append(f"| {label} | {cells} | {a['mean']:.3f} |")
@@ -412,7 +434,7 @@ def markdown(res: dict) -> str:
         "|---" * (len(seeds) + 2) + "|",
     ]
     rows = [("RL - best control", "rl_minus_best_control"), ("RL - SFT", "rl_minus_sft")]
-    rows += [(f"RL - {c}", f"rl_minus_{c}") for c in CONTROLS]
+    rows += [(f"RL - {c}", f"rl_minus_{c}") for c in res.get("controls", CONTROLS)]
     for label, key in rows:
         cells = " | ".join(_ci(res["per_seed"][str(s)][key]) for s in seeds)
         lines.append(f"| {label} | {cells} | {_ci(p[key])} |")
@@ -450,7 +472,7 @@ def _plot(res: dict, path: Path) -> None:
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(8, 4))
-    names = list(ARMS)
+    names = list(labels_of(res))
     x = np.arange(len(names))
     for i, s in enumerate(res["seeds"]):
         ax.scatter(x + (i - 1) * 0.12, [res["arms"][n]["per_seed"][str(s)] for n in names], s=18)
@@ -458,9 +480,9 @@ def _plot(res: dict, path: Path) -> None:
     for name, rate in res["baselines"].items():
         ax.axhline(rate, ls="--", lw=1, color="black")
         ax.text(len(names) - 0.5, rate, f" {name}", va="center", fontsize=8)
-    ax.set_xticks(
-        x, ["SFT", "RL", "(a) more\nSFT", "(b) gold\nsteps only", "(c) RL no\ngold steps"]
-    )
+    ticks = {"sft": "SFT", "rl": "RL", "a_more_sft": "(a) more\nSFT"}
+    ticks.update(b_gold_only="(b) gold\nsteps only", c_no_gold="(c) RL no\ngold steps")
+    ax.set_xticks(x, [ticks[n] for n in names])
     ax.set_ylabel(f"{res['split']} pass rate")
     ax.set_title("bars: mean over seeds; dots: seeds; dashed: no-learning baselines")
     fig.savefig(path, dpi=90, bbox_inches="tight")
@@ -509,6 +531,9 @@ def main(argv=None) -> int:
     start = time.monotonic()
     print(f"== no-learning baselines on {args.split}", file=sys.stderr, flush=True)
     base, fam, gold = baselines(args)
+    from gyre_env.train import load_config
+
+    controls = controls_of(load_config(preset=args.preset, overrides=_base(args, 0)))
     per_seed: dict[int, dict] = {}
     walls: dict[int, dict] = {}
     try:
@@ -518,7 +543,7 @@ def main(argv=None) -> int:
             rl = run_rl(seed, args)
             models = {"sft": rl / "model-sft", "rl": rl / "model"}
             wall = {"rl_run": time.monotonic() - t0, "rl_phase": _rl_seconds(rl)}
-            for name in CONTROLS:
+            for name in controls:
                 print(f"== seed {seed}: control {name}", file=sys.stderr, flush=True)
                 t0 = time.monotonic()
                 models[name] = run_control(seed, name, rl, args) / "model"
@@ -531,7 +556,7 @@ def main(argv=None) -> int:
     except Interrupted as stopped:
         print(f"interrupted in {stopped}; rerun with --reuse to continue", file=sys.stderr)
         return 130
-    res = analyse(per_seed, base, fam, gold)
+    res = analyse(per_seed, base, fam, gold, controls)
     res.update(
         split=args.split,
         preset=args.preset,

@@ -69,6 +69,32 @@ def test_targets_need_every_seed_and_an_interval_above_zero(bench):
     assert not bad["targets"]["rl_minus_best_control"]["met"]
 
 
+def test_an_rl_arm_without_gold_steps_has_control_a_alone(bench):
+    """Without gold steps (b) would be the SFT checkpoint and (c) the RL arm itself: only
+    (a) is run and compared, and the table says the RL arm has no gold steps."""
+    from gyre_env.train import load_config
+
+    cfg = load_config(preset="cpu-demo", overrides=["sft.steps_per_iteration=0"])
+    assert bench.controls_of(cfg) == ("a_more_sft",)
+    assert (
+        bench.controls_of(load_config(preset="cpu-demo", overrides=["sft.steps_per_iteration=8"]))
+        == bench.CONTROLS
+    )
+    tasks = [f"t{i}" for i in range(8)]
+    fam = {t: f"op{i % 4}" for i, t in enumerate(tasks)}
+    base = {"type-guess": {t: 0.25 for t in tasks}}
+    arms = {
+        s: {k: v for k, v in _arms(0.8, 0.9, tasks).items() if k in ("sft", "rl", "a_more_sft")}
+        for s in (0, 1)
+    }
+    res = bench.analyse(arms, base, fam, {t: True for t in tasks}, ("a_more_sft",))
+    assert res["controls"] == ["a_more_sft"] and set(res["arms"]) == {"sft", "rl", "a_more_sft"}
+    assert res["pooled"]["best_control"] == "a_more_sft"
+    assert math.isclose(res["pooled"]["rl_minus_best_control"]["mean"], 0.9 - 0.9)
+    assert bench.labels_of(res)["rl"] == "RL (rollouts only, no gold steps)"
+    assert "b_gold_only" not in bench.markdown(res)
+
+
 @pytest.mark.slow
 @pytest.mark.bwrap
 def test_the_benchmark_runs_every_arm_end_to_end(bench, tmp_path, capsys):
