@@ -3,6 +3,7 @@ against baselines that need no learning, over several seeds.
 
     python benchmarks/train_cpu.py                             # seeds 0 1 2, held-out
     python benchmarks/train_cpu.py --split validation --seeds 1  # for choosing settings
+    python benchmarks/train_cpu.py --curve OUT/seed1/rl          # RL's training pass rate
 
 Per seed S (the seed sets the model's initial weights, the tasks drawn and sampling):
 
@@ -277,6 +278,58 @@ def baselines(args) -> tuple[dict, dict, dict]:
     return base, fam, {t.id: t.gold_dir is not None for t in pool.heldout}
 
 
+def curve(run: Path, parts: int = 4) -> list[dict]:
+    """RL's own training attempts in ``run`` (a ``gyre train`` folder), its iterations cut
+    into ``parts`` equal blocks: per block, the pass rate on training tasks that carry gold
+    and on those that do not (their operation and phrasing are in no gold trajectory, as
+    with ``gold_phrasing``). What RL learns where gold cannot teach, read during the run."""
+    from gyre_env.tasks.splits import load_splits
+
+    t = json.loads((run / "config.json").read_text(encoding="utf-8"))["tasks"]
+    train, _ = load_splits(
+        t["suite"],
+        train_count=t["train_count"],
+        heldout_count=t["heldout_count"],
+        seed=t["seed"],
+        suite_kwargs=t["suite_kwargs"],
+        eval_suite_kwargs=t["eval_suite_kwargs"],
+        eval_split=t["eval_split"],
+    )
+    gold = {task.id: task.gold_dir is not None for task in train}
+    attempts = []  # (iteration, has gold, passed)
+    for line in (run / "episodes.jsonl").read_text(encoding="utf-8").splitlines():
+        ep = json.loads(line)
+        head, it = ep["session"].split(".")[:2]
+        if head == "rl" and ep["reward_valid"] and ep["task_id"] in gold:
+            attempts.append((int(it), gold[ep["task_id"]], (ep["score"] or 0.0) >= 1.0))
+    if not attempts:
+        return []
+    last = max(a[0] for a in attempts) + 1
+    rows = []
+    for b in range(parts):
+        lo, hi = b * last // parts, (b + 1) * last // parts
+        block = [a for a in attempts if lo <= a[0] < hi]
+        row = {"iterations": f"{lo}-{hi - 1}"}
+        for key, want in (("gold", True), ("no_gold", False)):
+            passed = [p for _, g, p in block if g == want]
+            row[key] = {"passed": sum(passed), "attempts": len(passed)}
+        rows.append(row)
+    return rows
+
+
+def print_curve(run: Path) -> None:
+    print(f"{run}: RL's training attempts, pass rate by block of iterations")
+    print(f"{'iterations':<12}{'tasks with gold':>22}{'tasks without gold':>24}")
+    for row in curve(run):
+        cells = [
+            f"{c['passed']}/{c['attempts']} = {c['passed'] / c['attempts']:.2f}"
+            if c["attempts"]
+            else "-"
+            for c in (row["gold"], row["no_gold"])
+        ]
+        print(f"{row['iterations']:<12}{cells[0]:>22}{cells[1]:>24}")
+
+
 def _mean(per_task: dict) -> float:
     return float(np.mean(list(per_task.values()))) if per_task else float("nan")
 
@@ -511,11 +564,22 @@ def main(argv=None) -> int:
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
+        "--curve",
+        metavar="RUN",
+        nargs="+",
+        help="run nothing: print RL's training pass rate by block of iterations in these "
+        "gyre train folders, on tasks with gold and without",
+    )
+    p.add_argument(
         "--show",
         metavar="RESULTS",
         help="run nothing: print the table of a results file, and its README markdown",
     )
     args = p.parse_args(argv)
+    if args.curve:
+        for run in args.curve:
+            print_curve(Path(run))
+        return 0
     if args.show:
         res = json.loads(Path(args.show).read_text(encoding="utf-8"))
         print_table(res, res["split"])

@@ -95,6 +95,46 @@ def test_an_rl_arm_without_gold_steps_has_control_a_alone(bench):
     assert "b_gold_only" not in bench.markdown(res)
 
 
+def test_curve_counts_rl_attempts_by_block_and_by_gold(bench, tmp_path, capsys):
+    """``--curve`` reads a run folder: RL's attempts (not the gold replays, not the
+    evaluations) per block of iterations, on tasks with gold and on tasks without."""
+    from gyre_env.tasks.splits import load_splits
+
+    kw = {"names": "fixed", "only": "upper,sum", "phrasings": "words", "gold_phrasing": 0}
+    tasks = {"suite": "nano", "train_count": 12, "heldout_count": 2, "seed": 0}
+    tasks.update(suite_kwargs=kw, eval_suite_kwargs={}, eval_split="heldout")
+    train, _ = load_splits(**tasks)
+    with_gold = [t.id for t in train if t.gold_dir]
+    without = [t.id for t in train if not t.gold_dir]
+    assert with_gold and without
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"tasks": tasks}))
+    episodes = [("sft.0", with_gold[0], 1.0), ("eval.0", without[0], 1.0)]  # not counted
+    episodes += [("rl.0000.r0", with_gold[0], 1.0), ("rl.0000.r0", without[0], 0.0)]
+    episodes += [("rl.0001.r0", without[0], 1.0), ("rl.0001.r0", without[1], 0.0)]
+    lines = [
+        json.dumps({"session": f"{s}.{t}.0", "task_id": t, "score": x, "reward_valid": True})
+        for s, t, x in episodes
+    ]
+    (run / "episodes.jsonl").write_text("\n".join(lines) + "\n")
+    rows = bench.curve(run, parts=2)
+    assert rows == [
+        {
+            "iterations": "0-0",
+            "gold": {"passed": 1, "attempts": 1},
+            "no_gold": {"passed": 0, "attempts": 1},
+        },
+        {
+            "iterations": "1-1",
+            "gold": {"passed": 0, "attempts": 0},
+            "no_gold": {"passed": 1, "attempts": 2},
+        },
+    ]
+    assert bench.main(["--curve", str(run)]) == 0
+    assert "1/2 = 0.50" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 @pytest.mark.bwrap
 def test_the_benchmark_runs_every_arm_end_to_end(bench, tmp_path, capsys):
