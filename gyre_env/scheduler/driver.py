@@ -244,6 +244,7 @@ class ElasticDriver:
         self._wake = threading.Event()
         self._pending: collections.deque[int] = collections.deque()
         self._running = 0
+        self._running_v0: dict[int, int] = {}  # running group -> trainer version at its start
         self._ready: list = []
         self._started = self._trained = self._discarded = 0
         self._index_base = 0
@@ -348,6 +349,10 @@ class ElasticDriver:
         )
         with self._lock:
             pending, running, ready = len(self._pending), self._running, list(self._ready)
+            started_at = list(self._running_v0.values())
+        lags = [0] * (self.config.staleness_bound + 2)
+        for v0 in started_at:
+            lags[min(version - v0, len(lags) - 1)] += 1
         step_cells = set(self._step_cells) if self._step is not None else set()
         cfg = self.config
         return Observation(
@@ -359,6 +364,7 @@ class ElasticDriver:
             waterlevel=sum(in_flight) + queue, queue=queue,
             rollout_capacity=rollout_cap, groups_started=self._started,
             groups_pending=pending, groups_running=running, groups_ready=len(ready),
+            running_lags=tuple(lags),
             groups_trained=self._trained, groups_discarded=self._discarded,
             ready_tokens=sum(self.workload.tokens(g) for g in ready),
             groups_per_step=cfg.groups_per_step,
@@ -406,11 +412,13 @@ class ElasticDriver:
                 return  # the run ended before it started
             self._pending.remove(index)
             self._running += 1
+            self._running_v0[index] = self.core.version
         try:
             group = self.workload.run_group(index + self._index_base)
         finally:
             with self._lock:
                 self._running -= 1
+                del self._running_v0[index]
         signal = getattr(self.workload, "has_signal", None)
         with self._lock:
             if self._ended:

@@ -152,6 +152,12 @@ class Observation:
     """Groups finished with no learning signal (filtered: never trained on). Included in
     ``groups_trained``. (Groups dropped as too stale are not: refilling the bound with
     them would admit more work the more of it goes stale.)"""
+    running_lags: tuple[int, ...] = ()
+    """Running groups (an episode started, not all finished) by how many versions the
+    trainer is ahead of the version their first episode started on: entry ``k`` counts
+    those ``k`` behind, the last (``staleness_bound + 1``) those further (empty: not
+    reported). A group is trained only while at most ``staleness_bound`` behind, so the
+    groups at exactly the bound are lost if a step ends before they are taken."""
     in_step: tuple[bool, ...] = ()
     """Cells computing the running step (empty: not reported; then every settled training
     cell counts as in it while ``step_running``)."""
@@ -258,6 +264,14 @@ class WaterlevelPolicy:
     hold_round_trips: float = 30.0
     """Idle training cells a step is worth stay in training only while the next step is
     due within this many switch round trips; further off, every idle one serves."""
+    spare_stale_steps: float = 1.0
+    """A step that would leave running groups past the staleness bound (they started
+    ``staleness_bound`` versions ago: they are lost if a step ends first) waits for them up
+    to this many times the step's own length (0: never waits)."""
+    spare_stale_share: float = 0.5
+    """... when they are at least this share of a batch."""
+    _waiting: float | None = field(default=None, repr=False)
+    """When the step now waiting for groups at the staleness bound could have started."""
     _finished: list = field(default_factory=list, repr=False)
     """(time, groups finished so far) each time that count changed, the last 64."""
     _step: tuple | None = field(default=None, repr=False)
@@ -440,6 +454,31 @@ class WaterlevelPolicy:
         return tuple(Switch(i, to) for i in ok)
 
     # ---- the step -----------------------------------------------------------------------------
+    def _spares_stale(self, obs: Observation, cells: int) -> bool:
+        """Whether the step that could start now waits for the running groups at the
+        staleness bound (``obs.running_lags``): when its end would lose at least
+        ``spare_stale_share`` of a batch and, at the rate groups finish, they would be done
+        within ``spare_stale_steps`` x the step's own length (a one-batch step on
+        ``cells``); for that long at most. Groups that would not be done in time are let go
+        at once: waiting for them only idles the training cells (growing episodes: waiting
+        the whole limit regardless cut waterlevel to 0.97x async at 6 h)."""
+        bound = obs.staleness_bound
+        at_bound = obs.running_lags[bound] if len(obs.running_lags) > bound else 0
+        if at_bound < self.spare_stale_share * obs.groups_per_step or not self.spare_stale_steps:
+            self._waiting = None
+            return False
+        limit = self.spare_stale_steps * self._batch_work(obs) / max(cells, 1)
+        rate = self.group_rate(obs)  # the oldest groups finish first, at about this rate
+        if rate <= 0 or at_bound / rate > limit:
+            self._waiting = None  # they would not be done in time: waiting only idles
+            return False
+        if self._waiting is None:
+            self._waiting = obs.time
+        if obs.time - self._waiting < limit:
+            return True
+        self._waiting = None
+        return False
+
     def _train_now(self, obs: Observation, coming: int) -> int:
         """The step to start now (0: none); ``coming``: cells on their way to training,
         those this decision sends included."""
@@ -450,6 +489,8 @@ class WaterlevelPolicy:
             return 0
         if coming and settled < self.training_cells_wanted(obs):
             return 0  # the cells on their way join this step
+        if self._spares_stale(obs, settled):
+            return 0
         # low load (no queue), and admissions not waiting on the trainer (a grown step
         # advances the version once for more groups): up to the grown batch of what is
         # ready. Not under load: grown steps there, their groups admitted back, put more

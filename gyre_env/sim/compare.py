@@ -84,6 +84,8 @@ def policy_factories(cfg: SimConfig) -> dict[str, Callable[..., object]]:
             min_dwell_factor=w.min_dwell_factor,
             max_batch_growth=w.max_batch_growth,
             hold_round_trips=w.hold_round_trips,
+            spare_stale_steps=w.spare_stale_steps,
+            spare_stale_share=w.spare_stale_share,
         )
     return out
 

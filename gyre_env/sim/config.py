@@ -237,6 +237,8 @@ class WaterlevelParams:
     min_dwell_factor: float = 1.0
     max_batch_growth: float = 2.0
     hold_round_trips: float = 30.0
+    spare_stale_steps: float = 1.0
+    spare_stale_share: float = 0.5
 
 
 @dataclass(kw_only=True)

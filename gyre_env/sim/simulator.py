@@ -103,6 +103,10 @@ class Simulation:
         self.group_started = 0
         self.groups_pending: dict[int, int] = {}
         self.groups_running = 0
+        self.group_v0: dict[int, int] = {}
+        """Trainer version when each running group's first episode started."""
+        self.running_v0: dict[int, int] = {}
+        """Running groups per start version."""
         self.group_versions: dict[int, list[int]] = {}
         self.group_info: dict[int, tuple[bool, int, int]] = {}  # trained?, tokens, episodes
         self.ready: deque = deque()  # (group, tokens, [min versions], episodes)
@@ -374,6 +378,8 @@ class Simulation:
             g, k = self.pending.popleft()
             if self.groups_pending[g] == self.group_info[g][2]:  # its first episode
                 self.groups_running += 1
+                v0 = self.group_v0[g] = self.trainer_version
+                self.running_v0[v0] = self.running_v0.get(v0, 0) + 1
             self.groups_pending[g] -= 1
             episode = self.group_eps[g][k]
             if not self.groups_pending[g]:
@@ -405,6 +411,10 @@ class Simulation:
 
     def _group_done(self, g: int) -> None:
         self.groups_running -= 1
+        v0 = self.group_v0.pop(g)
+        self.running_v0[v0] -= 1
+        if not self.running_v0[v0]:
+            del self.running_v0[v0]
         versions = self.group_versions.pop(g)
         trained, tokens, _ = self.group_info.pop(g)
         if trained:
@@ -593,6 +603,7 @@ class Simulation:
             groups_started=self.group_started,
             groups_pending=len(self.groups_pending),
             groups_running=self.groups_running,
+            running_lags=self._running_lags(v, t.staleness_bound),
             groups_ready=len(self.ready),
             groups_trained=self.groups_trained,
             groups_discarded=self.groups_discarded,
@@ -607,6 +618,14 @@ class Simulation:
             in_step=self._in_step(),
             _memo=memo,
         )
+
+    def _running_lags(self, version: int, bound: int) -> tuple[int, ...]:
+        """Running groups by how many versions behind the trainer they started, the last
+        entry counting every group past ``bound`` (``Observation.running_lags``)."""
+        lags = [0] * (bound + 2)
+        for v0, n in self.running_v0.items():
+            lags[min(version - v0, bound + 1)] += n
+        return tuple(lags)
 
     def _role_memo(self) -> dict:
         """The answers of ``Observation.cells`` / ``switching_to`` for the settled cells

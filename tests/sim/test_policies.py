@@ -408,3 +408,32 @@ def test_workload_phases_scale_their_groups_in_order_and_repeat():
         from_dict(WorkloadConfig, {**base, "phases": [{"groups": 2, "turns_scale": 0.0}]})
     with pytest.raises(ConfigError, match=r"unknown key 'phases\[0\].turn_scale'"):
         from_dict(WorkloadConfig, {**base, "phases": [{"groups": 2, "turn_scale": 0.5}]})
+
+
+def test_waterlevel_waits_for_groups_at_the_staleness_bound_only_when_they_finish_in_time():
+    """Groups that started ``staleness_bound`` versions ago are lost if a step ends before
+    they are taken: the step waits for them while, at the rate groups finish, they would be
+    done within a step's length, and no longer; groups that would not be is let go."""
+    roles = (Role.ROLLOUT,) + (Role.TRAINING,) * 3
+    ready = dict(roles=roles, groups_ready=2, ready_tokens=40_000, waterlevel=8)
+    ready.update(in_flight=(8, 0, 0, 0), groups_started=4)
+
+    def primed(policy: WaterlevelPolicy) -> WaterlevelPolicy:
+        policy.decide(_obs(**{**ready, "groups_ready": 0, "ready_tokens": 0}, time=990.0))
+        return policy  # 2 groups finished in 10 s: 0.2 groups/s
+
+    # one-batch step: 40k tokens / (3 cells x 1000 tokens/s) = 13.3 s; 2 groups at the
+    # bound (2) finish in about 10 s: the step waits, then starts once the limit is past
+    policy = primed(WaterlevelPolicy())
+    assert policy.decide(_obs(**ready, running_lags=(0, 0, 2, 0))).train_groups == 0
+    later = _obs(**ready, running_lags=(0, 0, 2, 0), time=1014.0)
+    assert policy.decide(later).train_groups == 2
+    # nobody at the bound, or no report: at once
+    assert primed(WaterlevelPolicy()).decide(_obs(**ready, running_lags=(3, 1, 0, 0))).train_groups
+    assert primed(WaterlevelPolicy()).decide(_obs(**ready)).train_groups == 2
+    # 6 at the bound would take 30 s at 0.2 groups/s, past the 13.3 s: not worth waiting
+    far = _obs(**ready, running_lags=(0, 0, 6, 0))
+    assert primed(WaterlevelPolicy()).decide(far).train_groups == 2
+    # switched off
+    off = WaterlevelPolicy(spare_stale_steps=0)
+    assert primed(off).decide(_obs(**ready, running_lags=(0, 0, 2, 0))).train_groups == 2
