@@ -101,6 +101,7 @@ def test_alternate_gold_shows_every_phrasing_and_leaves_every_operation_one_with
             assert {p for k, p, g in pairs if k in ops and g} == {0, 1}, kind
         for v in variants:
             assert ("gold/solution.py" in render(v)) == v.gold, v.task_id
+
     # the same draw as without gold_phrasing: only which tasks carry gold differs
     def what(v):
         return v.template.key, v.args, v.phrasing
