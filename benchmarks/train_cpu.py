@@ -257,14 +257,13 @@ def measure(seed: int, name: str, model: Path, args) -> dict:
     return data
 
 
-def baselines(args) -> tuple[dict, dict, dict]:
+def baselines(args, cfg) -> tuple[dict, dict, dict]:
     """(no-learning baselines per task, family of each task, whether each task is of a
-    kind that has gold: its operation and phrasing appear in some gold trajectory)."""
+    kind that has gold: its operation and phrasing appear in some gold trajectory), on
+    the tasks of ``cfg`` (the preset with the benchmark's settings)."""
     from gyre_env.scoring.nano_baselines import family, no_learning_baselines
-    from gyre_env.train import load_config
     from gyre_env.train.setup import grading_config, task_pool
 
-    cfg = load_config(preset=args.preset, overrides=_base(args, 0))
     pool = task_pool(cfg)
     grading = grading_config(cfg)
     path = Path(args.out) / f"baselines-{args.split}.json"
@@ -283,18 +282,12 @@ def curve(run: Path, parts: int = 4) -> list[dict]:
     into ``parts`` equal blocks: per block, the pass rate on training tasks that carry gold
     and on those that do not (their operation and phrasing are in no gold trajectory, as
     with ``gold_phrasing``). What RL learns where gold cannot teach, read during the run."""
-    from gyre_env.tasks.splits import load_splits
+    from gyre_env.config import from_dict
+    from gyre_env.train.config import TasksConfig
+    from gyre_env.train.setup import task_splits
 
-    t = json.loads((run / "config.json").read_text(encoding="utf-8"))["tasks"]
-    train, _ = load_splits(
-        t["suite"],
-        train_count=t["train_count"],
-        heldout_count=t["heldout_count"],
-        seed=t["seed"],
-        suite_kwargs=t["suite_kwargs"],
-        eval_suite_kwargs=t["eval_suite_kwargs"],
-        eval_split=t["eval_split"],
-    )
+    tasks = json.loads((run / "config.json").read_text(encoding="utf-8"))["tasks"]
+    train, _ = task_splits(from_dict(TasksConfig, tasks))
     gold = {task.id: task.gold_dir is not None for task in train}
     attempts = []  # (iteration, has gold, passed)
     for line in (run / "episodes.jsonl").read_text(encoding="utf-8").splitlines():
@@ -594,10 +587,11 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     print(f"== no-learning baselines on {args.split}", file=sys.stderr, flush=True)
-    base, fam, gold = baselines(args)
     from gyre_env.train import load_config
 
-    controls = controls_of(load_config(preset=args.preset, overrides=_base(args, 0)))
+    cfg = load_config(preset=args.preset, overrides=_base(args, 0))
+    base, fam, gold = baselines(args, cfg)
+    controls = controls_of(cfg)
     per_seed: dict[int, dict] = {}
     walls: dict[int, dict] = {}
     try:

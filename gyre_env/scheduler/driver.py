@@ -57,7 +57,14 @@ from typing import Protocol
 
 from gyre_env.scheduler.cell import Cell
 from gyre_env.scheduler.core_cell import CoreStep
-from gyre_env.scheduler.policy import Decision, Observation, Policy, Role, SwitchCosts
+from gyre_env.scheduler.policy import (
+    Decision,
+    Observation,
+    Policy,
+    Role,
+    SwitchCosts,
+    running_lags_of,
+)
 from gyre_env.scheduler.versions import Heartbeat, HeartbeatConfig
 
 log = logging.getLogger(__name__)
@@ -349,10 +356,7 @@ class ElasticDriver:
         )
         with self._lock:
             pending, running, ready = len(self._pending), self._running, list(self._ready)
-            started_at = list(self._running_v0.values())
-        lags = [0] * (self.config.staleness_bound + 2)
-        for v0 in started_at:
-            lags[min(version - v0, len(lags) - 1)] += 1
+            started = collections.Counter(self._running_v0.values())
         step_cells = set(self._step_cells) if self._step is not None else set()
         cfg = self.config
         return Observation(
@@ -364,7 +368,7 @@ class ElasticDriver:
             waterlevel=sum(in_flight) + queue, queue=queue,
             rollout_capacity=rollout_cap, groups_started=self._started,
             groups_pending=pending, groups_running=running, groups_ready=len(ready),
-            running_lags=tuple(lags),
+            running_lags=running_lags_of(started, version, cfg.staleness_bound),
             groups_trained=self._trained, groups_discarded=self._discarded,
             ready_tokens=sum(self.workload.tokens(g) for g in ready),
             groups_per_step=cfg.groups_per_step,

@@ -203,6 +203,15 @@ class Policy(Protocol):
     # earlier steps is restored
 
 
+def running_lags_of(started: dict[int, int], version: int, bound: int) -> tuple[int, ...]:
+    """``Observation.running_lags`` from ``started`` (running groups per trainer version
+    their first episode started on) at trainer ``version``."""
+    lags = [0] * (bound + 2)
+    for v0, n in started.items():
+        lags[min(version - v0, bound + 1)] += n
+    return tuple(lags)
+
+
 def staleness_admits(obs: Observation, eta: int, extra: int = 0) -> int:
     """Groups the AReaL-style bound admits now: the groups started, less those filtered out
     as carrying no learning signal (``groups_discarded``), may not exceed ``(trainer_version + eta + 1)

@@ -32,7 +32,14 @@ from collections import deque
 
 import numpy as np
 
-from gyre_env.scheduler.policy import Decision, Observation, Policy, Role, SwitchCosts
+from gyre_env.scheduler.policy import (
+    Decision,
+    Observation,
+    Policy,
+    Role,
+    SwitchCosts,
+    running_lags_of,
+)
 from gyre_env.sim.config import SimConfig
 from gyre_env.sim.result import STATES, TIMELINE_COUNTS, SimResult
 from gyre_env.sim.rounds import (
@@ -603,7 +610,7 @@ class Simulation:
             groups_started=self.group_started,
             groups_pending=len(self.groups_pending),
             groups_running=self.groups_running,
-            running_lags=self._running_lags(v, t.staleness_bound),
+            running_lags=running_lags_of(self.running_v0, v, t.staleness_bound),
             groups_ready=len(self.ready),
             groups_trained=self.groups_trained,
             groups_discarded=self.groups_discarded,
@@ -618,14 +625,6 @@ class Simulation:
             in_step=self._in_step(),
             _memo=memo,
         )
-
-    def _running_lags(self, version: int, bound: int) -> tuple[int, ...]:
-        """Running groups by how many versions behind the trainer they started, the last
-        entry counting every group past ``bound`` (``Observation.running_lags``)."""
-        lags = [0] * (bound + 2)
-        for v0, n in self.running_v0.items():
-            lags[min(version - v0, bound + 1)] += n
-        return tuple(lags)
 
     def _role_memo(self) -> dict:
         """The answers of ``Observation.cells`` / ``switching_to`` for the settled cells

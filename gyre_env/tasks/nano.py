@@ -20,6 +20,7 @@ folder). The standard loader, grader and ``GoldAgent`` then work unchanged.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -812,9 +813,11 @@ def sample_variants(
     if isinstance(gold_phrasing, str) and gold_phrasing != "alternate":
         gold_phrasing = int(gold_phrasing)  # "0" from ``gyre tasks -o``
     nth: dict[str, int] = {}  # "alternate": the template's rank among its kind's kept ones
+    kept_of_kind: collections.Counter[str] = collections.Counter()
     for t in TEMPLATES:
         if t.key in keep:
-            nth[t.key] = sum(u.kind == t.kind and u.key in nth for u in TEMPLATES)
+            nth[t.key] = kept_of_kind[t.kind]
+            kept_of_kind[t.kind] += 1
     for v in all_variants(names, arg_names, phrasings):
         if v.template.key in keep and in_split(v.key, split, holdout):
             wording = (

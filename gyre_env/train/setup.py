@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gyre_env.config import ConfigError
-from gyre_env.train.config import TrainConfig
+from gyre_env.train.config import TasksConfig, TrainConfig
 
 
 def prepare_model(cfg: TrainConfig) -> Path:
@@ -64,12 +64,11 @@ class TaskPool:
     rl: list
 
 
-def task_pool(cfg: TrainConfig) -> TaskPool:
-    """``cfg.tasks`` loaded and split (``gyre_env.tasks.splits``)."""
-    from gyre_env.tasks.splits import load_splits, split_gold
+def task_splits(t: TasksConfig) -> tuple[list, list]:
+    """(training pool, evaluated tasks) of the ``tasks`` table (``tasks.splits``)."""
+    from gyre_env.tasks.splits import load_splits
 
-    t = cfg.tasks
-    train, heldout = load_splits(
+    return load_splits(
         t.suite,
         train_count=t.train_count,
         heldout_count=t.heldout_count,
@@ -78,6 +77,14 @@ def task_pool(cfg: TrainConfig) -> TaskPool:
         eval_suite_kwargs=t.eval_suite_kwargs,
         eval_split=t.eval_split,
     )
+
+
+def task_pool(cfg: TrainConfig) -> TaskPool:
+    """``cfg.tasks`` loaded and split (``gyre_env.tasks.splits``)."""
+    from gyre_env.tasks.splits import split_gold
+
+    t = cfg.tasks
+    train, heldout = task_splits(t)
     sft = bool(cfg.sft.trajectories and cfg.sft.steps)
     if sft and not any(x.gold_dir for x in train):
         raise ConfigError("sft: no training task has a gold solution to replay")

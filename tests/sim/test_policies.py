@@ -413,7 +413,7 @@ def test_workload_phases_scale_their_groups_in_order_and_repeat():
 def test_waterlevel_waits_for_groups_at_the_staleness_bound_only_when_they_finish_in_time():
     """Groups that started ``staleness_bound`` versions ago are lost if a step ends before
     they are taken: the step waits for them while, at the rate groups finish, they would be
-    done within a step's length, and no longer; groups that would not be is let go."""
+    done within a step's length, and no longer; groups that would not be are let go."""
     roles = (Role.ROLLOUT,) + (Role.TRAINING,) * 3
     ready = dict(roles=roles, groups_ready=2, ready_tokens=40_000, waterlevel=8)
     ready.update(in_flight=(8, 0, 0, 0), groups_started=4)
