@@ -570,6 +570,10 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     if args.curve:
+        for run in map(Path, args.curve):
+            missing = [f for f in ("config.json", "episodes.jsonl") if not (run / f).is_file()]
+            if missing:
+                p.error(f"--curve {run}: not a gyre train folder (no {' or '.join(missing)})")
         for run in args.curve:
             print_curve(Path(run))
         return 0

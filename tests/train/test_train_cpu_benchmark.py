@@ -133,6 +133,9 @@ def test_curve_counts_rl_attempts_by_block_and_by_gold(bench, tmp_path, capsys):
     ]
     assert bench.main(["--curve", str(run)]) == 0
     assert "1/2 = 0.50" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # a folder that is no run: named, nothing printed
+        bench.main(["--curve", str(tmp_path)])
+    assert "not a gyre train folder (no config.json or episodes.jsonl)" in capsys.readouterr().err
 
 
 @pytest.mark.slow
