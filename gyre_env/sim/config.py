@@ -240,6 +240,14 @@ class WaterlevelParams:
     spare_stale_steps: float = 1.0
     spare_stale_share: float = 0.5
 
+    def __post_init__(self) -> None:
+        numbers = {k: v for k, v in vars(self).items() if k != "enabled"}
+        negative = [k for k, v in numbers.items() if v < 0]
+        if negative:
+            raise ValueError(f"must be >= 0: {', '.join(f'{k} = {numbers[k]}' for k in negative)}")
+        if self.max_batch_growth < 1:
+            raise ValueError(f"max_batch_growth must be >= 1, got {self.max_batch_growth}")
+
 
 @dataclass(kw_only=True)
 class PoliciesConfig:

@@ -437,3 +437,14 @@ def test_waterlevel_waits_for_groups_at_the_staleness_bound_only_when_they_finis
     # switched off
     off = WaterlevelPolicy(spare_stale_steps=0)
     assert primed(off).decide(_obs(**ready, running_lags=(0, 0, 2, 0))).train_groups == 2
+
+
+def test_waterlevel_settings_out_of_range_are_refused_by_name():
+    from gyre_env.config import ConfigError, from_dict
+    from gyre_env.sim.config import WaterlevelParams
+
+    assert from_dict(WaterlevelParams, {"spare_stale_steps": 0}).spare_stale_steps == 0
+    with pytest.raises(ConfigError, match=r"spare_stale_steps = -1"):
+        from_dict(WaterlevelParams, {"spare_stale_steps": -1})
+    with pytest.raises(ConfigError, match=r"max_batch_growth must be >= 1"):
+        from_dict(WaterlevelParams, {"max_batch_growth": 0.5})
