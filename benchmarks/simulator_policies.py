@@ -9,7 +9,11 @@ the staleness bound), then the ratio. ``idle-free``: the policy's throughput had
 never idled or switched, at the cell time per trained token it ran at (throughput / busy
 fraction); the largest of them over the best peer's throughput is roughly the most any
 policy could gain on that workload, a ceiling for the ratio (an estimate, not a bound: a
-policy that batches better would spend less cell time per token).
+policy that batches better would spend less cell time per token). The staleness-bound
+ceiling is the asynchronous policy's throughput with the cells out of the way
+(``gyre_env.sim.compare.bound_run``: ten times the cells, training and switches free):
+what one batch per trainer version reaches on that workload whatever is done with the
+cells.
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
             if ratio is not None:
                 print(
                     f"waterlevel / best peer ({comp.best_peer()}): {ratio:.3f}; "
-                    f"idle-free ceiling / best peer: {comp.ceiling():.3f}",
+                    f"idle-free ceiling / best peer: {comp.ceiling():.3f}; "
+                    f"staleness-bound ceiling / best peer: {comp.bound_ceiling():.3f}",
                     flush=True,
                 )
     return 0

@@ -14,7 +14,12 @@ per hour, idle share of cell time, stale samples dropped, and the ratio of water
 to the best peer's. ``ceiling``: the largest idle-free throughput of any run (trained
 tokens per busy cell-second, as if no cell idled or switched) over the best peer's: about
 the most any policy could gain there (an estimate, not a bound: a policy that drops fewer
-stale samples spends less cell time per trained token).
+stale samples spends less cell time per trained token). ``bound``: the staleness-bound
+ceiling over the best peer, the asynchronous policy's throughput with the cells out of the
+way (``gyre_env.sim.compare.bound_run``: ten times the cells, training and switches free):
+what one batch per trainer version reaches whatever is done with the cells. Where it is
+below the target, no scheduling of the cells meets it; only steps that take more than one
+batch per version (the waterlevel's grown steps) can pass it.
 
 Per config: the ratio of the summed tokens over the seeds at each horizon, the smallest
 per-seed ratio, and the target it is held to (1.2x on a non-stationary load: one with
@@ -42,20 +47,25 @@ DEFAULT_CONFIGS = [
     for suffix in ("", "_curriculum", "_growing", "_bursts", "_slow_tools")
 ]
 PEERS = ("async", "static_split", "colocated", "dynamic")
+BOUND = "bound"
+"""The staleness-bound ceiling's run (``gyre_env.sim.compare.bound_run``), not a peer."""
 TARGET_CHANGING, TARGET_STATIONARY = 1.2, 1.0
 
 
 def run_one(job: tuple) -> dict:
     """One simulated run: ``(config path, hours, seed, policy, k or None)``."""
-    from gyre_env.sim.compare import policy_factories
+    from gyre_env.sim.compare import bound_run, policy_factories
     from gyre_env.sim.config import load_sim_config
     from gyre_env.sim.simulator import simulate
 
     path, hours, seed, name, k = job
     cfg = load_sim_config(path)
     cfg.duration_s, cfg.seed, cfg.gantt_max_segments = hours * 3600.0, seed, 0
-    make = policy_factories(cfg)[name]
-    r = simulate(cfg, make(k) if k is not None else make())
+    if name == BOUND:
+        r = bound_run(cfg)
+    else:
+        make = policy_factories(cfg)[name]
+        r = simulate(cfg, make(k) if k is not None else make())
     return {
         "tokens_per_hour": r.tokens_per_hour,
         "idle": r.idle_fraction(),
@@ -89,6 +99,7 @@ def plan(configs: list[Path], hours: list[float], seeds: list[int], peers: list[
         for h in hours:
             for seed in seeds:
                 jobs.append((str(path), h, seed, "waterlevel", None))
+                jobs.append((str(path), h, seed, BOUND, None))
                 for name in peers:
                     if name not in enabled:
                         continue
@@ -144,30 +155,37 @@ def report(args, jobs, keys, results, stationary) -> None:
     print(
         f"{'workload':<24}{'h':>4}{'seed':>5}{'waterlevel':>11}{'idle':>6}{'drop':>6}"
         f"{'best peer':>16}{'Mtok/h':>8}{'idle':>6}{'drop':>6}{'ratio':>7}{'ceiling':>8}"
+        f"{'bound':>7}"
     )
     summary: dict[tuple, list[tuple[float, float]]] = {}
     for (path, h, seed), runs in by.items():
         wl = next(r for n, _, r in runs if n == "waterlevel")
-        peers = [(n, k, r) for n, k, r in runs if n != "waterlevel"]
+        bound = next(r for n, _, r in runs if n == BOUND)
+        peers = [(n, k, r) for n, k, r in runs if n not in ("waterlevel", BOUND)]
         name, k, best = max(peers, key=lambda p: p[2]["tokens_per_hour"])
-        ceiling = max(r["idle_free"] for _, _, r in runs) / best["tokens_per_hour"]
+        ceiling = max(r["idle_free"] for n, _, r in runs if n != BOUND)
+        ceiling /= best["tokens_per_hour"]
         ratio = wl["tokens_per_hour"] / best["tokens_per_hour"]
-        summary.setdefault((path, h), []).append((wl["tokens_per_hour"], best["tokens_per_hour"]))
+        summary.setdefault((path, h), []).append(
+            (wl["tokens_per_hour"], best["tokens_per_hour"], bound["tokens_per_hour"])
+        )
         label = f"{name}" + (f" k={k}" if k is not None else "")
         print(
             f"{Path(path).stem.removeprefix('simulate_'):<24}{h:>4g}{seed:>5}"
             f"{wl['tokens_per_hour'] / 1e6:>11.2f}{wl['idle']:>6.3f}{wl['dropped']:>6}"
             f"{label:>16}{best['tokens_per_hour'] / 1e6:>8.2f}{best['idle']:>6.3f}"
-            f"{best['dropped']:>6}{ratio:>7.3f}{ceiling:>8.3f}",
+            f"{best['dropped']:>6}{ratio:>7.3f}{ceiling:>8.3f}"
+            f"{bound['tokens_per_hour'] / best['tokens_per_hour']:>7.3f}",
             flush=True,
         )
     print(f"\nover seeds {' '.join(map(str, args.seeds))} (ratio of summed tokens; min per seed):")
     for (path, h), pairs in summary.items():
-        ratio = sum(w for w, _ in pairs) / sum(b for _, b in pairs)
-        low = min(w / b for w, b in pairs)
+        ratio = sum(p[0] for p in pairs) / sum(p[1] for p in pairs)
+        low = min(p[0] / p[1] for p in pairs)
+        bound = sum(p[2] for p in pairs) / sum(p[1] for p in pairs)
         target = TARGET_STATIONARY if stationary[path] else TARGET_CHANGING
         kind = "stationary" if stationary[path] else "changing"
-        missed = sum(w / b < target for w, b in pairs)
+        missed = sum(p[0] / p[1] < target for p in pairs)
         verdict = (
             "meets it on every seed"
             if not missed
@@ -175,7 +193,8 @@ def report(args, jobs, keys, results, stationary) -> None:
         )
         print(
             f"  {Path(path).stem.removeprefix('simulate_'):<24}{h:>4g} h  {ratio:.3f}x "
-            f"(min {low:.3f}x)  {kind}: target {target:.1f}x, {verdict}"
+            f"(min {low:.3f}x)  {kind}: target {target:.1f}x, {verdict}; "
+            f"staleness-bound ceiling {bound:.3f}x"
         )
 
 

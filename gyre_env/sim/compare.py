@@ -33,6 +33,8 @@ class Comparison:
     """Per policy, its run (the split policies: at their best k)."""
     k_sweeps: dict[str, list[tuple[int, SimResult]]] = field(default_factory=dict)
     sweeps: dict[str, list[tuple[float, dict[str, SimResult]]]] = field(default_factory=dict)
+    bound: SimResult | None = None
+    """:func:`bound_run`: the workload with the cells out of the way."""
 
     def best_peer(self) -> str | None:
         peers = [n for n in self.results if n != "waterlevel"]
@@ -57,6 +59,14 @@ class Comparison:
             return None
         top = max(r.idle_free_tokens_per_hour() for r in self.results.values())
         return top / self.results[best].tokens_per_hour
+
+    def bound_ceiling(self) -> float | None:
+        """:func:`bound_run`'s throughput over the best peer's: what the workload, its
+        agent slots and the staleness bound leave to gain by any use of the cells."""
+        best = self.best_peer()
+        if self.bound is None or best is None or not self.results[best].tokens_per_hour:
+            return None
+        return self.bound.tokens_per_hour / self.results[best].tokens_per_hour
 
 
 def policy_factories(cfg: SimConfig) -> dict[str, Callable[..., object]]:
@@ -90,6 +100,38 @@ def policy_factories(cfg: SimConfig) -> dict[str, Callable[..., object]]:
     return out
 
 
+FREE_CELLS_SCALE = 10
+
+
+def free_cells(cfg: SimConfig, scale: int = FREE_CELLS_SCALE) -> SimConfig:
+    """``cfg`` with its cells out of the way: ``scale`` x as many (a call shares its cell
+    with a tenth of the others), training ``100 x scale`` times as fast with no step
+    overhead, no weight publish and switches that cost nothing. What is left is what no
+    use of the cells can change: the workload (turns, tool times, a call's own latency),
+    the agent slots, the batch per trainer version and the staleness bound."""
+    v = copy.deepcopy(cfg)
+    v.gantt_max_segments = 0
+    c = v.cells
+    c.count *= scale
+    c.train_tokens_per_s *= 100.0 * scale
+    c.step_overhead_s = 0.0
+    c.weight_sync_s = 0.0
+    c.switch_to_training_s = c.switch_to_rollout_s = 1e-3
+    c.switch_prior_s = 1e-3
+    return v
+
+
+def bound_run(cfg: SimConfig, workload=None) -> SimResult:
+    """The asynchronous policy (a fixed split: no decision to get wrong) on
+    :func:`free_cells`, nine cells in ten serving. Its throughput is the staleness-bound
+    ceiling: a policy that trains one batch per trainer version, as every peer does, gets
+    no more from the real cells however it schedules them. A policy that trains more than
+    one batch for a version (the waterlevel's grown steps) changes what the bound admits
+    and can pass it."""
+    free = free_cells(cfg)
+    return simulate(free, AsyncStalenessPolicy(rollout_cells=free.cells.count * 9 // 10), workload)
+
+
 def k_grid(n: int, given: list[int], points: int = 8) -> list[int]:
     """The ``k`` values to sweep: ``given``, or up to ``points`` even steps over 1..n-1."""
     if given:
@@ -107,8 +149,11 @@ def sweep_best(cfg: SimConfig, make, ks: list[int], workload=None) -> list[tuple
     return sorted(runs, key=lambda kr: (-kr[1].trained_tokens, kr[0]))
 
 
-def compare(cfg: SimConfig, *, sweeps: bool = True, progress=None) -> Comparison:
-    """Every enabled policy on ``cfg``; then ``cfg.sweep``'s sweeps when ``sweeps``."""
+def compare(
+    cfg: SimConfig, *, sweeps: bool = True, bound: bool = True, progress=None
+) -> Comparison:
+    """Every enabled policy on ``cfg``; then ``cfg.sweep``'s sweeps when ``sweeps``, and
+    :func:`bound_run` when ``bound``."""
     workload = make_workload(cfg.workload, cfg.seed)
     factories = policy_factories(cfg)
     results: dict[str, SimResult] = {}
@@ -127,6 +172,10 @@ def compare(cfg: SimConfig, *, sweeps: bool = True, progress=None) -> Comparison
         else:
             results[name] = simulate(cfg, make(), workload)
     out = Comparison(results=results, k_sweeps=k_sweeps)
+    if bound:
+        if progress:
+            progress("staleness-bound ceiling")
+        out.bound = bound_run(cfg, workload)
     if sweeps:
         out.sweeps = run_sweeps(cfg, factories, results, progress)
     return out

@@ -16,7 +16,7 @@ import io
 import json
 from pathlib import Path
 
-from gyre_env.sim.compare import Comparison
+from gyre_env.sim.compare import FREE_CELLS_SCALE, Comparison
 from gyre_env.sim.config import SimConfig
 from gyre_env.sim.simulator import SimResult
 
@@ -73,6 +73,8 @@ def to_json(cfg: SimConfig, comp: Comparison) -> dict:
         "best_peer": comp.best_peer(),
         "waterlevel_over_best_peer": comp.waterlevel_ratio(),
         "idle_free_ceiling_over_best_peer": comp.ceiling(),
+        "bound_ceiling_over_best_peer": comp.bound_ceiling(),
+        "bound_run": brief(comp.bound) if comp.bound is not None else None,
         "k_sweeps": {
             n: [{"rollout_cells": k, **brief(r)} for k, r in runs]
             for n, runs in comp.k_sweeps.items()
@@ -105,6 +107,12 @@ def headline(cfg: SimConfig, comp: Comparison) -> str:
         lines.append(
             f"waterlevel / best peer ({comp.best_peer()}): {ratio:.2f}x trained tokens; "
             f"idle-free ceiling / best peer: {comp.ceiling():.2f}x"
+        )
+    if comp.bound_ceiling() is not None:
+        lines.append(
+            f"staleness-bound ceiling / best peer: {comp.bound_ceiling():.2f}x (the async "
+            f"policy with {FREE_CELLS_SCALE}x the cells, training and switches free: what one "
+            "batch per version can reach whatever is done with the cells)"
         )
     shown = [n for n in ("waterlevel", comp.best_peer()) if n in comp.results]
     for name in shown:
@@ -240,6 +248,13 @@ def _timeline_html(comp: Comparison) -> list[str]:
             f"{comp.waterlevel_ratio():.3f}x; idle-free ceiling / best peer: {ceiling:.3f}x "
             "(the most any policy gains by idling less, at the cell time per trained token "
             "the runs spent)</p>"
+        )
+    if comp.bound_ceiling() is not None:
+        parts.append(
+            f"<p>staleness-bound ceiling / best peer: {comp.bound_ceiling():.3f}x (the "
+            f"asynchronous policy with {FREE_CELLS_SCALE}x the cells, training and switches "
+            "free: what one batch per trainer version can reach, whatever a policy does with "
+            "the cells)</p>"
         )
     for r in comp.results.values():
         if r.timeline:

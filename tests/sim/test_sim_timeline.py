@@ -101,10 +101,12 @@ def test_simulate_prints_idle_causes_over_time_next_to_the_ceiling(tmp_path, cap
     assert main(["simulate", str(cfg), "--out", str(tmp_path / "out"), "--duration", "1800"]) == 0
     printed = capsys.readouterr().out
     assert "idle-free ceiling / best peer:" in printed
+    assert "staleness-bound ceiling / best peer:" in printed
     assert "waterlevel: share of cell time per 10 min" in printed
     assert printed.count("no episodes") >= 2  # waterlevel's table and the best peer's
     data = json.loads((tmp_path / "out" / "simulation.json").read_text())
     assert data["idle_free_ceiling_over_best_peer"] >= data["waterlevel_over_best_peer"] * 0.5
+    assert data["bound_ceiling_over_best_peer"] > 1.0  # the small example's cells bind
     for p in data["policies"].values():
         assert len(p["timeline"]) == 3
         assert sum(v for k, v in p["timeline"][1].items() if "/" in k or k == "switching") == (
@@ -112,6 +114,7 @@ def test_simulate_prints_idle_causes_over_time_next_to_the_ceiling(tmp_path, cap
         )
     page = (tmp_path / "out" / "report.html").read_text()
     assert "Idle causes over time" in page and "idle-free ceiling / best peer" in page
+    assert "staleness-bound ceiling / best peer" in page
     assert page.count("<img") >= 5 + 5 + 2  # Gantt and timeline per policy, two k sweeps
 
 
@@ -122,3 +125,23 @@ def test_new_examples_run_with_a_tiny_budget(tmp_path, name):
     assert main([*args, "--duration", "60", "--no-sweeps"]) == 0
     data = json.loads((out / "simulation.json").read_text())
     assert data["policies"]["waterlevel"]["simulated_s"] == pytest.approx(60.0)
+
+
+def test_the_bound_ceiling_frees_the_cells_and_keeps_what_binds_whatever_the_cells_do():
+    from gyre_env.sim.compare import bound_run, free_cells
+
+    cfg = _small(duration_s=7200.0)
+    free = free_cells(cfg)
+    assert free.cells.count == 10 * cfg.cells.count and free.cells.step_overhead_s == 0
+    assert free.cells.publish_s == 0 and free.cells.switch_to_training_s < 0.01
+    # what no use of the cells changes is left as it was
+    assert free.workload == cfg.workload and free.training == cfg.training
+    assert cfg.cells.count == 4  # the config itself is untouched
+    workload = make_workload(cfg.workload, cfg.seed)
+    bound = bound_run(cfg, workload)
+    for policy in (WaterlevelPolicy(), AsyncStalenessPolicy(rollout_cells=3)):
+        assert bound.tokens_per_hour > simulate(cfg, policy, workload).tokens_per_hour
+    # fewer agent slots: the bound run loses throughput, however many cells it has
+    narrow = _small(duration_s=7200.0)
+    narrow.workload.max_concurrent_episodes = 4  # one group at a time: the bound lets 2 run
+    assert bound_run(narrow).tokens_per_hour < 0.75 * bound.tokens_per_hour
