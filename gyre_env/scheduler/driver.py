@@ -253,6 +253,7 @@ class ElasticDriver:
         self._running = 0
         self._running_v0: dict[int, int] = {}  # running group -> trainer version at its start
         self._ready: list = []
+        self._ready_v0: dict[int, int] = {}  # id(ready group) -> trainer version at its start
         self._started = self._trained = self._discarded = 0
         self._index_base = 0
         """Workload index of the session's first group (``DriverState.next_index``)."""
@@ -395,12 +396,28 @@ class ElasticDriver:
         if d.train_groups and self._step is None and len(self.result.steps) < self.config.steps:
             training = [c for c in self.cells if c.role is Role.TRAINING and not c.switching]
             with self._lock:
-                take = self._ready[: d.train_groups]
-                del self._ready[: len(take)]
+                take = self._take(d.train_groups)
             if training and take:
                 self._step_cells = {c.id for c in training}
                 self._step = self._start_step(training, take)
                 self._last = self._account(self._last)  # the step's cells train from now
+
+    def _take(self, n: int) -> list:
+        """Up to ``n`` ready groups for a step, the stalest first (the earliest trainer
+        version at their start; a resumed run's carried-over groups count as oldest): a
+        group left for the next step goes stale first if it started earliest, while
+        fresher ones can wait. Taking them in the order they finished lost the long
+        groups that short ones overtook (simulated 24 h curriculum, async k = 56: 472
+        samples past the bound against 144). Called with the lock held."""
+        order = sorted(
+            range(len(self._ready)), key=lambda i: self._ready_v0.get(id(self._ready[i]), -1)
+        )
+        chosen = set(order[:n])
+        take = [g for i, g in enumerate(self._ready) if i in chosen]
+        self._ready = [g for i, g in enumerate(self._ready) if i not in chosen]
+        for g in take:
+            self._ready_v0.pop(id(g), None)
+        return take
 
     # ---- agents -----------------------------------------------------------------------
     def _admit(self) -> None:
@@ -422,13 +439,14 @@ class ElasticDriver:
         finally:
             with self._lock:
                 self._running -= 1
-                del self._running_v0[index]
+                v0 = self._running_v0.pop(index)
         signal = getattr(self.workload, "has_signal", None)
         with self._lock:
             if self._ended:
                 return  # after the last step: not trained on, not counted
             if signal is None or signal(group):
                 self._ready.append(group)
+                self._ready_v0[id(group)] = v0
             else:  # no learning signal: taken off at once, not trained on
                 self._trained += 1
                 self._discarded += 1

@@ -440,6 +440,10 @@ class Simulation:
         cells = [i for i, r in enumerate(self.role) if r is Role.TRAINING and not self.switching[i]]
         bound = self.cfg.training.staleness_bound
         taken, tokens = [], 0
+        # the stalest first, as the elastic driver takes them (ElasticDriver._take): a group
+        # whose first episode started on an older version goes stale first if left for
+        # the next step; fresher ones can wait
+        self.ready = deque(sorted(self.ready, key=lambda r: min(r[2])))
         while self.ready and len(taken) < groups:
             g, tok, versions, n = self.ready.popleft()
             self.ready_tokens -= tok

@@ -76,6 +76,24 @@ def test_groups_without_signal_are_discarded_and_do_not_count_against_the_bound(
     assert plain.observe().groups_discarded == 0 and plain.observe().groups_ready == 1
 
 
+def test_a_step_takes_the_stalest_ready_groups_first():
+    """A group that started on an older trainer version goes stale first if left for the
+    next step: the step takes ready groups by the version they started on, not by the
+    order they finished in."""
+    driver = _driver(SimpleNamespace(run_group=lambda i: [float(i), 1.0], tokens=lambda g: 1))
+    _admitted(driver, 3)
+    driver.core = SimpleNamespace(version=2)
+    driver._group(1)
+    driver._group(2)  # started (and finished) on version 2
+    driver.core.version = 0
+    driver._group(0)  # stands for a long group started on version 0 that finished last
+    assert [g[0] for g in driver._ready] == [1.0, 2.0, 0.0]  # the order they finished in
+    with driver._lock:
+        take = driver._take(2)
+    assert sorted(g[0] for g in take) == [0.0, 1.0]  # the stalest, then the first finished
+    assert [g[0] for g in driver._ready] == [2.0] and len(driver._ready_v0) == 1
+
+
 def test_calls_a_cell_holds_beyond_its_capacity_are_the_queue_not_served():
     """The router does not cap a replica at its batch: what a cell holds past it waits for
     a slot there, and the policy sees it as queue (high water), as the router's own."""
