@@ -8,7 +8,8 @@ against baselines that need no learning, over several seeds.
 Per seed S (the seed sets the model's initial weights, the tasks drawn and sampling):
 
 - **RL** is ``gyre train --preset cpu-demo --seed S``: SFT on the preset's gold
-  trajectories (one phrasing of each operation has gold; the other has none anywhere),
+  trajectories (64 training tasks; every phrasing carries gold unless ``gold_phrasing``
+  in ``tasks.suite_kwargs`` keeps it to one),
   then RL on the training tasks SFT did not see, with the preset's gold steps after each
   iteration's RL steps.
 - Every control starts from the RL run's own SFT checkpoint (same weights, same gold data):
