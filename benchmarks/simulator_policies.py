@@ -10,7 +10,8 @@ never idled or switched, at the cell time per trained token it ran at (throughpu
 fraction); the largest of them over the best peer's throughput is roughly the most any
 policy could gain on that workload, a ceiling for the ratio (an estimate, not a bound: a
 policy that batches better would spend less cell time per token). The staleness-bound
-ceiling is the asynchronous policy's throughput with the cells out of the way
+ceiling is the tokens the asynchronous policy's groups bring to a step (trained, or
+dropped as stale) with the cells out of the way
 (``gyre_env.sim.compare.bound_run``: ten times the cells, training and switches free):
 what one batch per trainer version reaches on that workload whatever is done with the
 cells.

@@ -15,8 +15,9 @@ to the best peer's. ``ceiling``: the largest idle-free throughput of any run (tr
 tokens per busy cell-second, as if no cell idled or switched) over the best peer's: about
 the most any policy could gain there (an estimate, not a bound: a policy that drops fewer
 stale samples spends less cell time per trained token). ``bound``: the staleness-bound
-ceiling over the best peer, the asynchronous policy's throughput with the cells out of the
-way (``gyre_env.sim.compare.bound_run``: ten times the cells, training and switches free):
+ceiling over the best peer, the tokens the asynchronous policy's groups bring to a step
+(trained or dropped as stale) with the cells out of the way
+(``gyre_env.sim.compare.bound_run``: ten times the cells, training and switches free):
 what one batch per trainer version reaches whatever is done with the cells. Where it is
 below the target, no scheduling of the cells meets it; only steps that take more than one
 batch per version (the waterlevel's grown steps) can pass it.
@@ -72,6 +73,7 @@ def run_one(job: tuple) -> dict:
         "dropped": r.dropped_stale,
         "steps": r.steps,
         "idle_free": r.idle_free_tokens_per_hour(),
+        "finished": r.finished_tokens_per_hour,
     }
 
 
@@ -167,7 +169,7 @@ def report(args, jobs, keys, results, stationary) -> None:
         ceiling /= best["tokens_per_hour"]
         ratio = wl["tokens_per_hour"] / best["tokens_per_hour"]
         summary.setdefault((path, h), []).append(
-            (wl["tokens_per_hour"], best["tokens_per_hour"], bound["tokens_per_hour"])
+            (wl["tokens_per_hour"], best["tokens_per_hour"], bound["finished"])
         )
         label = f"{name}" + (f" k={k}" if k is not None else "")
         print(
@@ -175,7 +177,7 @@ def report(args, jobs, keys, results, stationary) -> None:
             f"{wl['tokens_per_hour'] / 1e6:>11.2f}{wl['idle']:>6.3f}{wl['dropped']:>6}"
             f"{label:>16}{best['tokens_per_hour'] / 1e6:>8.2f}{best['idle']:>6.3f}"
             f"{best['dropped']:>6}{ratio:>7.3f}{ceiling:>8.3f}"
-            f"{bound['tokens_per_hour'] / best['tokens_per_hour']:>7.3f}",
+            f"{bound['finished'] / best['tokens_per_hour']:>7.3f}",
             flush=True,
         )
     print(f"\nover seeds {' '.join(map(str, args.seeds))} (ratio of summed tokens; min per seed):")

@@ -24,6 +24,7 @@ def add_commands(subparsers) -> None:
 
 
 def _simulate(args) -> int:
+    from gyre_env._optional import MissingExtraError
     from gyre_env.config import ConfigError
     from gyre_env.sim.compare import compare
     from gyre_env.sim.config import load_sim_config
@@ -42,6 +43,10 @@ def _simulate(args) -> int:
 
     comp = compare(cfg, sweeps=not args.no_sweeps, progress=progress)
     print(headline(cfg, comp))
-    json_path, html_path = write_report(cfg, comp, args.out)
+    try:
+        json_path, html_path = write_report(cfg, comp, args.out)
+    except MissingExtraError as e:  # the simulation is not lost for want of a plot
+        print(f"wrote {Path(args.out) / 'simulation.json'}; no report.html: {e}")
+        return 0
     print(f"wrote {json_path} and {html_path}")
     return 0

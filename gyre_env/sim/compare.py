@@ -61,12 +61,13 @@ class Comparison:
         return top / self.results[best].tokens_per_hour
 
     def bound_ceiling(self) -> float | None:
-        """:func:`bound_run`'s throughput over the best peer's: what the workload, its
-        agent slots and the staleness bound leave to gain by any use of the cells."""
+        """:func:`bound_run`'s finished tokens per hour over the best peer's trained ones:
+        what the workload, its agent slots and the staleness bound leave to gain by any
+        use of the cells."""
         best = self.best_peer()
         if self.bound is None or best is None or not self.results[best].tokens_per_hour:
             return None
-        return self.bound.tokens_per_hour / self.results[best].tokens_per_hour
+        return self.bound.finished_tokens_per_hour / self.results[best].tokens_per_hour
 
 
 def policy_factories(cfg: SimConfig) -> dict[str, Callable[..., object]]:
@@ -123,11 +124,15 @@ def free_cells(cfg: SimConfig, scale: int = FREE_CELLS_SCALE) -> SimConfig:
 
 def bound_run(cfg: SimConfig, workload=None) -> SimResult:
     """The asynchronous policy (a fixed split: no decision to get wrong) on
-    :func:`free_cells`, nine cells in ten serving. Its throughput is the staleness-bound
-    ceiling: a policy that trains one batch per trainer version, as every peer does, gets
-    no more from the real cells however it schedules them. A policy that trains more than
-    one batch for a version (the waterlevel's grown steps) changes what the bound admits
-    and can pass it."""
+    :func:`free_cells`, nine cells in ten serving. Its groups finish as fast as the
+    workload lets them and its trainer's version moves as fast as batches come, so the
+    bound admits the most it can at every moment. The tokens of the groups that reached a
+    step (``SimResult.finished_tokens_per_hour``: trained, or dropped as stale, which a
+    trainer this fast does to long groups that a slower one would keep) are the
+    staleness-bound ceiling: a policy that trains one batch per trainer version, as every
+    peer does, trains no more from the real cells however it schedules them. A policy
+    that trains more than one batch for a version (the waterlevel's grown steps) changes
+    what the bound admits and can pass it."""
     free = free_cells(cfg)
     return simulate(free, AsyncStalenessPolicy(rollout_cells=free.cells.count * 9 // 10), workload)
 

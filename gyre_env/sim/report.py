@@ -154,7 +154,9 @@ def idle_over_time(r: SimResult) -> list[str]:
 
 
 def write_report(cfg: SimConfig, comp: Comparison, out: Path) -> tuple[Path, Path]:
-    """``out/simulation.json`` and ``out/report.html``; returns both paths."""
+    """``out/simulation.json`` and ``out/report.html``; returns both paths. Without the
+    ``plots`` extra the JSON is written all the same and ``MissingExtraError`` (naming the
+    install) is raised for the page."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     data = to_json(cfg, comp)

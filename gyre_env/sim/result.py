@@ -46,6 +46,8 @@ class SimResult:
     wall_s: float
     gantt: list[tuple[int, float, float, str]] = field(default_factory=list)
     params: dict = field(default_factory=dict)
+    dropped_tokens: int = 0
+    """Tokens of the samples dropped past the staleness bound (``dropped_stale``)."""
     rounds: int = 0
     """Rounds the run took (see :mod:`gyre_env.sim.rounds`)."""
     timeline_s: float = 0.0
@@ -57,6 +59,12 @@ class SimResult:
     @property
     def samples_per_hour(self) -> float:
         return self.trained_samples * 3600.0 / self.duration_s if self.duration_s else 0.0
+
+    @property
+    def finished_tokens_per_hour(self) -> float:
+        """Tokens per hour of the groups that reached a step, trained or dropped as stale."""
+        done = self.trained_tokens + self.dropped_tokens
+        return done * 3600.0 / self.duration_s if self.duration_s else 0.0
 
     @property
     def tokens_per_hour(self) -> float:

@@ -131,7 +131,7 @@ class Simulation:
             to_rollout_s=c.switch_to_rollout_s if prior is None else prior,
         )
         self.call_s_mean = 1.0
-        self.stats = dict(switches=0, migrations=0, rdma=0, dropped=0, filtered=0)
+        self.stats = dict(switches=0, migrations=0, rdma=0, dropped=0, filtered=0, dropped_tok=0)
         self.trained_samples = self.trained_tokens = 0
         self.staleness: dict[int, int] = {}
         self.step_end_times: list[float] = []
@@ -450,6 +450,7 @@ class Simulation:
             self.groups_trained += 1
             if self.trainer_version - min(versions) > bound:
                 self.stats["dropped"] += n
+                self.stats["dropped_tok"] += tok
                 self._count("dropped_samples", n)
                 continue
             taken.append((tok, versions, n))
@@ -666,6 +667,7 @@ class Simulation:
             state_seconds=dict(self.seconds),
             staleness=dict(sorted(self.staleness.items())),
             dropped_stale=self.stats["dropped"],
+            dropped_tokens=self.stats["dropped_tok"],
             filtered_groups=self.stats["filtered"],
             switches=self.stats["switches"],
             migrations=self.stats["migrations"],

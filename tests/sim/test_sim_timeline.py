@@ -140,8 +140,8 @@ def test_the_bound_ceiling_frees_the_cells_and_keeps_what_binds_whatever_the_cel
     workload = make_workload(cfg.workload, cfg.seed)
     bound = bound_run(cfg, workload)
     for policy in (WaterlevelPolicy(), AsyncStalenessPolicy(rollout_cells=3)):
-        assert bound.tokens_per_hour > simulate(cfg, policy, workload).tokens_per_hour
+        assert bound.finished_tokens_per_hour > simulate(cfg, policy, workload).tokens_per_hour
     # fewer agent slots: the bound run loses throughput, however many cells it has
     narrow = _small(duration_s=7200.0)
     narrow.workload.max_concurrent_episodes = 4  # one group at a time: the bound lets 2 run
-    assert bound_run(narrow).tokens_per_hour < 0.75 * bound.tokens_per_hour
+    assert bound_run(narrow).finished_tokens_per_hour < 0.75 * bound.finished_tokens_per_hour

@@ -89,3 +89,28 @@ def test_missing_plots_extra_names_the_install(monkeypatch, tmp_path):
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(MissingExtraError, match=r"pip install 'gyre-env\[plots\]'"):
         report._plt()
+
+
+def test_without_the_plots_extra_the_simulation_json_is_kept_and_the_install_named(
+    monkeypatch, tmp_path, capsys
+):
+    """A user without matplotlib gets the simulation and one line on the page it could not
+    draw, not a traceback after the whole run."""
+    import builtins
+
+    real = builtins.__import__
+
+    def no_matplotlib(name, *a, **kw):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real(name, *a, **kw)
+
+    monkeypatch.delitem(sys.modules, "matplotlib", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    out = tmp_path / "out"
+    args = ["simulate", str(EXAMPLES / "simulate_small.toml"), "--out", str(out)]
+    assert main([*args, "--duration", "120", "--no-sweeps"]) == 0
+    printed = capsys.readouterr().out
+    assert "no report.html" in printed and "pip install 'gyre-env[plots]'" in printed
+    assert json.loads((out / "simulation.json").read_text())["policies"]
+    assert not (out / "report.html").exists()
