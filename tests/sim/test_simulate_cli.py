@@ -72,41 +72,35 @@ def test_import_stays_light():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_missing_plots_extra_names_the_install(monkeypatch, tmp_path):
+@pytest.fixture
+def no_matplotlib(monkeypatch):
+    """``import matplotlib`` fails, as without the ``plots`` extra."""
     import builtins
-
-    from gyre_env._optional import MissingExtraError
-    from gyre_env.sim import report
 
     real = builtins.__import__
 
-    def no_matplotlib(name, *a, **kw):
+    def blocked(name, *a, **kw):
         if name.startswith("matplotlib"):
             raise ImportError(name)
         return real(name, *a, **kw)
 
     monkeypatch.delitem(sys.modules, "matplotlib", raising=False)
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    monkeypatch.setattr(builtins, "__import__", blocked)
+
+
+def test_missing_plots_extra_names_the_install(no_matplotlib):
+    from gyre_env._optional import MissingExtraError
+    from gyre_env.sim import report
+
     with pytest.raises(MissingExtraError, match=r"pip install 'gyre-env\[plots\]'"):
         report._plt()
 
 
 def test_without_the_plots_extra_the_simulation_json_is_kept_and_the_install_named(
-    monkeypatch, tmp_path, capsys
+    no_matplotlib, tmp_path, capsys
 ):
     """A user without matplotlib gets the simulation and one line on the page it could not
     draw, not a traceback after the whole run."""
-    import builtins
-
-    real = builtins.__import__
-
-    def no_matplotlib(name, *a, **kw):
-        if name.startswith("matplotlib"):
-            raise ImportError(name)
-        return real(name, *a, **kw)
-
-    monkeypatch.delitem(sys.modules, "matplotlib", raising=False)
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     out = tmp_path / "out"
     args = ["simulate", str(EXAMPLES / "simulate_small.toml"), "--out", str(out)]
     assert main([*args, "--duration", "120", "--no-sweeps"]) == 0
