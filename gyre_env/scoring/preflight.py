@@ -33,6 +33,9 @@ def run_preflight(task: Task, *, gold: bool = True, backend: str = "auto") -> Gr
     """Grade the task's gold solution (or an empty workspace) with the episodes' grader.
 
     No control run: a grading run that fails is reported as it is, never retried on gold.
+    A run whose evaluator died (``infra_error``: the daemon, the host, another process
+    killing it) says nothing of the task, so it is graded once more, as an episode's
+    grade would be; a second ``infra_error`` is reported, with both reasons.
     """
     config = GradingConfig(backend=backend, control_run=False)
     if gold and task.gold_dir is None and task.solution_script is not None:
@@ -40,7 +43,14 @@ def run_preflight(task: Task, *, gold: bool = True, backend: str = "auto") -> Gr
     if gold and task.gold_dir is None:
         raise ValueError(f"task {task.id!r} has no gold solution")
     # "Empty" is the workspace an episode starts from: a SWE task's repository unchanged.
-    return grade_workspace(task, task.gold_dir if gold else task.workspace_dir, config)
+    workspace = task.gold_dir if gold else task.workspace_dir
+    first = grade_workspace(task, workspace, config)
+    if first.status != "infra_error":
+        return first
+    again = grade_workspace(task, workspace, config)
+    if again.status == "infra_error" and again.reason != first.reason:
+        again.reason = f"{again.reason} (and before, once: {first.reason})"
+    return again
 
 
 def run_solution(task: Task, config: GradingConfig) -> GradingResult:

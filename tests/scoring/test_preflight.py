@@ -71,3 +71,27 @@ def test_a_task_that_cannot_be_graded_fails_the_check_and_says_why(tmp_path):
         "gold passes 0 of 0 visible tests; could not start a sandbox",
     ]
     assert all("gyre-never-built:x" in p for p in result.problems)
+
+
+def test_a_grading_run_whose_evaluator_died_is_graded_once_more(monkeypatch, tmp_path):
+    """An evaluator killed under the preflight (exit 137 in CI, with another worker's
+    sandboxes beside it) is infrastructure, not the task: the run is graded again once,
+    and only a second death is reported. Stand-in grader: no sandbox needed."""
+    from gyre_env.scoring import preflight
+    from gyre_env.scoring.final import GradingResult
+
+    task = load_task(builtin_suite_dir() / "micro-lru-cache")
+    died = GradingResult(status="infra_error", score=0.0, declared=3, reason="evaluator died")
+    ok = GradingResult(status="ok", score=0.0, declared=3, reason="")
+    runs = []
+
+    def grade(task, workspace, config):
+        runs.append(workspace)
+        return [died, ok][len(runs) - 1] if len(runs) <= 2 else died
+
+    monkeypatch.setattr(preflight, "grade_workspace", grade)
+    assert preflight.run_preflight(task, gold=False).status == "ok" and len(runs) == 2
+    runs.clear()
+    monkeypatch.setattr(preflight, "grade_workspace", lambda *a: runs.append(1) or died)
+    result = preflight.run_preflight(task, gold=False)
+    assert result.status == "infra_error" and len(runs) == 2  # once more, not forever
