@@ -159,7 +159,7 @@ def report(args, jobs, keys, results, stationary) -> None:
         f"{'best peer':>16}{'Mtok/h':>8}{'idle':>6}{'drop':>6}{'ratio':>7}{'ceiling':>8}"
         f"{'bound':>7}"
     )
-    summary: dict[tuple, list[tuple[float, float]]] = {}
+    summary: dict[tuple, list[tuple[float, float, float]]] = {}  # waterlevel, peer, bound
     for (path, h, seed), runs in by.items():
         wl = next(r for n, _, r in runs if n == "waterlevel")
         bound = next(r for n, _, r in runs if n == BOUND)
@@ -182,12 +182,12 @@ def report(args, jobs, keys, results, stationary) -> None:
         )
     print(f"\nover seeds {' '.join(map(str, args.seeds))} (ratio of summed tokens; min per seed):")
     for (path, h), pairs in summary.items():
-        ratio = sum(p[0] for p in pairs) / sum(p[1] for p in pairs)
-        low = min(p[0] / p[1] for p in pairs)
-        bound = sum(p[2] for p in pairs) / sum(p[1] for p in pairs)
+        wls, bests, bounds = zip(*pairs, strict=True)
+        ratio, bound = sum(wls) / sum(bests), sum(bounds) / sum(bests)
+        low = min(w / b for w, b in zip(wls, bests, strict=True))
         target = TARGET_STATIONARY if stationary[path] else TARGET_CHANGING
         kind = "stationary" if stationary[path] else "changing"
-        missed = sum(p[0] / p[1] < target for p in pairs)
+        missed = sum(w / b < target for w, b in zip(wls, bests, strict=True))
         verdict = (
             "meets it on every seed"
             if not missed

@@ -409,12 +409,8 @@ class ElasticDriver:
         fresher ones can wait. Taking them in the order they finished lost the long
         groups that short ones overtook (simulated 24 h curriculum, async k = 56: 472
         samples past the bound against 144). Called with the lock held."""
-        order = sorted(
-            range(len(self._ready)), key=lambda i: self._ready_v0.get(id(self._ready[i]), -1)
-        )
-        chosen = set(order[:n])
-        take = [g for i, g in enumerate(self._ready) if i in chosen]
-        self._ready = [g for i, g in enumerate(self._ready) if i not in chosen]
+        self._ready.sort(key=lambda g: self._ready_v0.get(id(g), -1))  # stable: ties by finish
+        take, self._ready = self._ready[:n], self._ready[n:]
         for g in take:
             self._ready_v0.pop(id(g), None)
         return take

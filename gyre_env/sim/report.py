@@ -109,11 +109,7 @@ def headline(cfg: SimConfig, comp: Comparison) -> str:
             f"idle-free ceiling / best peer: {comp.ceiling():.2f}x"
         )
     if comp.bound_ceiling() is not None:
-        lines.append(
-            f"staleness-bound ceiling / best peer: {comp.bound_ceiling():.2f}x (the async "
-            f"policy with {FREE_CELLS_SCALE}x the cells, training and switches free: what one "
-            "batch per version can reach whatever is done with the cells)"
-        )
+        lines.append(_bound_line(comp, 2))
     shown = [n for n in ("waterlevel", comp.best_peer()) if n in comp.results]
     for name in shown:
         lines.extend(idle_over_time(comp.results[name]))
@@ -151,6 +147,15 @@ def idle_over_time(r: SimResult) -> list[str]:
             f"{row['steps']:>7.0f}{row['dropped_samples']:>9.0f}"
         )
     return lines
+
+
+def _bound_line(comp: Comparison, digits: int) -> str:
+    """The staleness-bound ceiling, said the same way on the terminal and the page."""
+    return (
+        f"staleness-bound ceiling / best peer: {comp.bound_ceiling():.{digits}f}x (the async "
+        f"policy with {FREE_CELLS_SCALE}x the cells, training and switches free: what one "
+        "batch per trainer version can reach, whatever is done with the cells)"
+    )
 
 
 def write_report(cfg: SimConfig, comp: Comparison, out: Path) -> tuple[Path, Path]:
@@ -252,12 +257,7 @@ def _timeline_html(comp: Comparison) -> list[str]:
             "the runs spent)</p>"
         )
     if comp.bound_ceiling() is not None:
-        parts.append(
-            f"<p>staleness-bound ceiling / best peer: {comp.bound_ceiling():.3f}x (the "
-            f"asynchronous policy with {FREE_CELLS_SCALE}x the cells, training and switches "
-            "free: what one batch per trainer version can reach, whatever a policy does with "
-            "the cells)</p>"
-        )
+        parts.append(f"<p>{html.escape(_bound_line(comp, 3))}</p>")
     for r in comp.results.values():
         if r.timeline:
             parts.append("<pre>" + html.escape("\n".join(idle_over_time(r))) + "</pre>")
