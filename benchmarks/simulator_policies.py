@@ -4,14 +4,14 @@ peer, at several horizons and seeds (issue 12's figures, not tuned on one config
     python benchmarks/simulator_policies.py CONFIG.toml [--hours 6 24] [--seeds 0 1 2]
 
 For every (hours, seed): ``compare`` without sweeps (the split policies at their best
-``k`` of the config's sweep), one table row per policy (stale: episodes dropped past
-the staleness bound), then the ratio. ``idle-free``: the policy's throughput had its cells
+``k`` of the config's sweep), one table row per policy (stale: episodes all of whose
+output was past the staleness bound when trained), then the ratio. ``idle-free``: the policy's throughput had its cells
 never idled or switched, at the cell time per trained token it ran at (throughput / busy
 fraction); the largest of them over the best peer's throughput is roughly the most any
 policy could gain on that workload, a ceiling for the ratio (an estimate, not a bound: a
 policy that batches better would spend less cell time per token). The staleness-bound
 ceiling is the tokens the asynchronous policy's groups bring to a step (trained, or
-dropped as stale) with the cells out of the way
+lost to the staleness bound) with the cells out of the way
 (``gyre_env.sim.compare.bound_run``: ten times the cells, training and switches free):
 what one batch per trainer version reaches on that workload whatever is done with the
 cells.

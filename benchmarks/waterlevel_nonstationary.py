@@ -10,13 +10,14 @@ a slow sandbox pool), horizon and seed: the waterlevel policy with the settings 
 workload shares (``[policies.waterlevel]`` of the config: the examples leave them at
 the policy's defaults), and each peer, the split ones (async, static split) once per
 ``k`` of the config's grid, the best kept. One row per run: each policy's trained tokens
-per hour, idle share of cell time, stale samples dropped, and the ratio of waterlevel's
+per hour, idle share of cell time, samples past the staleness bound
+(every output token stale: nothing learned from them), and the ratio of waterlevel's
 to the best peer's. ``ceiling``: the largest idle-free throughput of any run (trained
 tokens per busy cell-second, as if no cell idled or switched) over the best peer's: about
 the most any policy could gain there (an estimate, not a bound: a policy that drops fewer
 stale samples spends less cell time per trained token). ``bound``: the staleness-bound
 ceiling over the best peer, the tokens the asynchronous policy's groups bring to a step
-(trained or dropped as stale) with the cells out of the way
+(trained or lost to the staleness bound) with the cells out of the way
 (``gyre_env.sim.compare.bound_run``: ten times the cells, training and switches free):
 what one batch per trainer version reaches whatever is done with the cells. Where it is
 below the target, no scheduling of the cells meets it; only steps that take more than one

@@ -150,14 +150,15 @@ class Observation:
 
     groups_discarded: int = 0
     """Groups finished with no learning signal (filtered: never trained on). Included in
-    ``groups_trained``. (Groups dropped as too stale are not: refilling the bound with
-    them would admit more work the more of it goes stale.)"""
+    ``groups_trained``. (Stale output does not count here: refilling the bound with it
+    would admit more work the more of it goes stale.)"""
     running_lags: tuple[int, ...] = ()
     """Running groups (an episode started, not all finished) by how many versions the
     trainer is ahead of the version their first episode started on: entry ``k`` counts
     those ``k`` behind, the last (``staleness_bound + 1``) those further (empty: not
-    reported). A group is trained only while at most ``staleness_bound`` behind, so the
-    groups at exactly the bound are lost if a step ends before they are taken."""
+    reported). The loss weighs nothing of the output sampled more than ``staleness_bound``
+    versions behind the trainer, so the groups at exactly the bound lose their oldest
+    output if a step ends before they are taken."""
     in_step: tuple[bool, ...] = ()
     """Cells computing the running step (empty: not reported; then every settled training
     cell counts as in it while ``step_running``)."""
@@ -275,8 +276,8 @@ class WaterlevelPolicy:
     due within this many switch round trips; further off, every idle one serves."""
     spare_stale_steps: float = 1.0
     """A step that would leave running groups past the staleness bound (they started
-    ``staleness_bound`` versions ago: they are lost if a step ends first) waits for them up
-    to this many times the step's own length (0: never waits)."""
+    ``staleness_bound`` versions ago: their oldest output stops counting if a step ends
+    first) waits for them up to this many times the step's own length (0: never waits)."""
     spare_stale_share: float = 0.5
     """... when they are at least this share of a batch."""
     _waiting: float | None = field(default=None, repr=False)
@@ -465,8 +466,8 @@ class WaterlevelPolicy:
     # ---- the step -----------------------------------------------------------------------------
     def _spares_stale(self, obs: Observation, cells: int) -> bool:
         """Whether the step that could start now waits for the running groups at the
-        staleness bound (``obs.running_lags``): when its end would lose at least
-        ``spare_stale_share`` of a batch and, at the rate groups finish, they would be done
+        staleness bound (``obs.running_lags``): when its end would push at least
+        ``spare_stale_share`` of a batch past it and, at the rate groups finish, they would be done
         within ``spare_stale_steps`` x the step's own length (a one-batch step on
         ``cells``); for that long at most. Groups that would not be done in time are let go
         at once: waiting for them only idles the training cells (growing episodes: waiting

@@ -127,8 +127,8 @@ def bound_run(cfg: SimConfig, workload=None) -> SimResult:
     :func:`free_cells`, nine cells in ten serving. Its groups finish as fast as the
     workload lets them and its trainer's version moves as fast as batches come, so the
     bound admits the most it can at every moment. The tokens of the groups that reached a
-    step (``SimResult.finished_tokens_per_hour``: trained, or dropped as stale, which a
-    trainer this fast does to long groups that a slower one would keep) are the
+    step (``SimResult.finished_tokens_per_hour``: trained, or lost to the staleness bound,
+    which a trainer this fast does to long groups that a slower one would keep) are the
     staleness-bound ceiling: a policy that trains one batch per trainer version, as every
     peer does, trains no more from the real cells however it schedules them. A policy
     that trains more than one batch for a version (the waterlevel's grown steps) changes

@@ -192,8 +192,9 @@ class TrainingConfig:
     """Rollout batch of the batch-synchronous policies (colocated, static split), split into
     ``steps_per_iteration`` steps; None: ``groups_per_step * steps_per_iteration``."""
     staleness_bound: int = 4
-    """eta: rollouts may run at most this many versions ahead of the trainer; a sample
-    that lags the trainer by more when its step starts is dropped."""
+    """eta: rollouts may run at most this many versions ahead of the trainer; output tokens
+    sampled more than this many versions behind the trainer when their step starts weigh
+    nothing in its loss (the step still computes them, as the real trainer does)."""
 
     @property
     def batch_groups(self) -> int:

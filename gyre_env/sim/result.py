@@ -19,7 +19,8 @@ STATES = (
 
 TIMELINE_COUNTS = ("trained_tokens", "steps", "dropped_samples")
 """What a timeline bucket counts besides every state's cell seconds: the tokens trained and
-steps ended in it, and the samples dropped past the staleness bound by steps started in it."""
+steps ended in it, and the samples whose every output token was past the staleness bound in
+the steps started in it (``SimResult.dropped_stale``)."""
 
 
 @dataclass
@@ -35,6 +36,8 @@ class SimResult:
     state_seconds: dict[str, float]
     staleness: dict[int, int]
     dropped_stale: int
+    """Samples trained with every output token past the staleness bound (weighing nothing
+    in the loss: nothing of them is learned)."""
     filtered_groups: int
     switches: int
     migrations: int
@@ -47,7 +50,9 @@ class SimResult:
     gantt: list[tuple[int, float, float, str]] = field(default_factory=list)
     params: dict = field(default_factory=dict)
     dropped_tokens: int = 0
-    """Tokens of the samples dropped past the staleness bound (``dropped_stale``)."""
+    """Tokens lost to the staleness bound: each trained group's tokens in the share of its
+    output tokens sampled more than the bound behind the trainer (the loss weighs them 0);
+    ``trained_tokens`` counts the rest."""
     rounds: int = 0
     """Rounds the run took (see :mod:`gyre_env.sim.rounds`)."""
     timeline_s: float = 0.0

@@ -94,12 +94,17 @@ class EpisodeTable:
             np.zeros((rows, turns), np.int64),
             np.zeros((rows, turns)),
             np.full((rows, turns), np.nan),
+            np.zeros((rows, turns), np.int64),
         ]
         if old is not None:
             k = self.prompt.shape[1]
-            for a, b in zip(new, (self.prompt, self.output, self.tool, self.call), strict=True):
+            olds = (self.prompt, self.output, self.tool, self.call, self.ver)
+            for a, b in zip(new, olds, strict=True):
                 a[:, :k] = b
-        self.prompt, self.output, self.tool, self.call = new
+        self.prompt, self.output, self.tool, self.call, self.ver = new
+        """Per row and turn: new prompt and output tokens, tool seconds, the measured call
+        time (NaN: none), and ``ver``, the weight version of the cell that served the call
+        (set when it starts)."""
 
     def load(self, row: int, episode, now: float, ep_id: int, version: int) -> None:
         """Put ``episode`` in ``row``, starting its setup at ``now``."""

@@ -13,7 +13,11 @@ The model:
 - **Episodes** run on agent slots (``max_concurrent_episodes``): setup, then turns of a call
   and a tool, then scoring; a GRPO group is ready once all its episodes finished.
 - **A step** trains the groups the policy names on every settled TRAINING cell, then
-  publishes the weights; rollout cells serve the new version from then on.
+  publishes the weights; rollout cells serve the new version from then on. As in the real
+  trainer's loss (``trainers.losses.stale_mask``), the output tokens a call sampled on
+  weights more than the staleness bound behind the trainer weigh nothing: the step
+  computes their group whole, and counts as trained only the share of its tokens that
+  still counts (``SimResult.dropped_tokens`` the rest).
 
 Time advances in rounds (:mod:`gyre_env.sim.rounds`): the episodes' calls, tools and
 endings are handled in numpy over rounds of at most ``resolution_s``, and the control
@@ -115,8 +119,12 @@ class Simulation:
         self.running_v0: dict[int, int] = {}
         """Running groups per start version."""
         self.group_versions: dict[int, list[int]] = {}
+        """Per running group, each finished episode's oldest weight version."""
+        self.group_calls: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        """Per running group, each finished episode's calls: (weight version, output
+        tokens)."""
         self.group_info: dict[int, tuple[bool, int, int]] = {}  # trained?, tokens, episodes
-        self.ready: deque = deque()  # (group, tokens, [min versions], episodes)
+        self.ready: deque = deque()  # (group, tokens, [min versions], [(versions, outputs)])
         self.ready_tokens = 0
         self.groups_trained = self.groups_discarded = 0
         self.trainer_version = 0
@@ -300,6 +308,7 @@ class Simulation:
         tab.cell[rows] = cells
         tab.t[rows] = start + dur
         tab.minv[rows] = np.minimum(tab.minv[rows], self.version[cells])
+        tab.ver[rows, tab.turn[rows]] = self.version[cells]
         self.n_queued -= m
         self.n_calls += m
         self.served += m
@@ -369,6 +378,7 @@ class Simulation:
             self.group_end[g] = 0.0
             self.groups_pending[g] = len(episodes)
             self.group_versions[g] = []
+            self.group_calls[g] = []
             self.group_info[g] = (
                 episodes[0].trained,
                 sum(e.tokens for e in episodes),
@@ -399,8 +409,11 @@ class Simulation:
 
     def _scored(self, row: int) -> None:
         """Episode of ``row`` made its last call: its group ends once all of them have."""
-        g = int(self.tab.ep[row]) // self.workload.group_size
-        self.group_versions[g].append(int(self.tab.minv[row]))
+        tab = self.tab
+        g = int(tab.ep[row]) // self.workload.group_size
+        self.group_versions[g].append(int(tab.minv[row]))
+        n = int(tab.nturns[row])
+        self.group_calls[g].append((tab.ver[row, :n].copy(), tab.output[row, :n].copy()))
         self.group_end[g] = max(self.group_end[g], float(self.tab.t[row]))
         self.group_left[g] -= 1
         if not self.group_left[g]:
@@ -422,10 +435,10 @@ class Simulation:
         self.running_v0[v0] -= 1
         if not self.running_v0[v0]:
             del self.running_v0[v0]
-        versions = self.group_versions.pop(g)
+        versions, calls = self.group_versions.pop(g), self.group_calls.pop(g)
         trained, tokens, _ = self.group_info.pop(g)
         if trained:
-            self.ready.append((g, tokens, versions, len(versions)))
+            self.ready.append((g, tokens, versions, calls))
             self.ready_tokens += tokens
         else:
             self.stats["filtered"] += 1
@@ -439,22 +452,27 @@ class Simulation:
             return
         cells = [i for i, r in enumerate(self.role) if r is Role.TRAINING and not self.switching[i]]
         bound = self.cfg.training.staleness_bound
-        taken, tokens = [], 0
         # the stalest first, as the elastic driver takes them (ElasticDriver._take): a group
         # whose first episode started on an older version goes stale first if left for
         # the next step; fresher ones can wait
         self.ready = deque(sorted(self.ready, key=lambda r: min(r[2])))
+        taken, tokens = [], 0
+        cutoff = self.trainer_version - bound
         while self.ready and len(taken) < groups:
-            g, tok, versions, n = self.ready.popleft()
+            g, tok, versions, calls = self.ready.popleft()
             self.ready_tokens -= tok
             self.groups_trained += 1
-            if self.trainer_version - min(versions) > bound:
-                self.stats["dropped"] += n
-                self.stats["dropped_tok"] += tok
-                self._count("dropped_samples", n)
-                continue
-            taken.append((tok, versions, n))
-            tokens += tok
+            tokens += tok  # the step computes every token of the group
+            # as the trainer's loss does (trainers.losses.stale_mask): output tokens sampled
+            # more than the bound behind it weigh nothing; the rest of the group counts
+            out = sum(int(o.sum()) for _, o in calls)
+            stale = sum(int(o[v < cutoff].sum()) for v, o in calls)
+            dead = sum(1 for v, o in calls if o.sum() and not o[v >= cutoff].sum())
+            lost = round(tok * stale / out) if out else 0
+            self.stats["dropped"] += dead
+            self.stats["dropped_tok"] += lost
+            self._count("dropped_samples", dead)
+            taken.append((tok - lost, versions, len(versions) - dead))
         if not taken:
             return
         for _, versions, _ in taken:
