@@ -31,16 +31,18 @@ Benchmarks print, they do not fail: the exit status is 0 whatever the ratios.
 ``--cache FILE`` keeps every peer run's numbers (keyed by the config file's contents,
 horizon, seed, policy and k) so that a rerun after a change to the waterlevel policy
 reruns only it; waterlevel is never cached. Runs are independent: ``--jobs 2`` runs two
-at a time (each a process).
+at a time (each a process); a line on stderr as each run ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
-from concurrent.futures import ProcessPoolExecutor
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -135,11 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         j for j, key in zip(jobs, keys, strict=True) if j[3] == "waterlevel" or key not in cache
     ]
     print(f"{len(jobs)} runs, {len(jobs) - len(todo)} from the cache", file=sys.stderr, flush=True)
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs) as pool:
-            done = list(pool.map(run_one, todo))
-    else:
-        done = [run_one(j) for j in todo]
+    done = _run_all(todo, args.jobs)
     results = dict(cache)
     for j, r in zip(todo, done, strict=True):
         results[_key(digests[j[0]], *j[1:])] = r
@@ -149,6 +147,29 @@ def main(argv: list[str] | None = None) -> int:
         )
     report(args, jobs, keys, results, stationary)
     return 0
+
+
+def _run_all(todo: list, jobs: int) -> list[dict]:
+    """``run_one`` of every job, ``jobs`` at a time, in order, with a progress line on
+    stderr as each ends (a full run is hundreds of simulations)."""
+    start, out = time.monotonic(), [None] * len(todo)
+    with contextlib.ExitStack() as stack:
+        if jobs > 1:
+            pool = stack.enter_context(ProcessPoolExecutor(jobs))
+            pending = {pool.submit(run_one, j): i for i, j in enumerate(todo)}
+            finished = (f for f in as_completed(pending))
+            results = ((pending[f], f.result()) for f in finished)
+        else:
+            results = ((i, run_one(j)) for i, j in enumerate(todo))
+        for n, (i, r) in enumerate(results, 1):
+            out[i] = r
+            path, h, seed, name, k = todo[i]
+            print(
+                f"[{n}/{len(todo)} {time.monotonic() - start:6.0f}s] {Path(path).stem} {h:g} h "
+                f"seed {seed} {name}{'' if k is None else f' k={k}'}",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
+    return out
 
 
 def report(args, jobs, keys, results, stationary) -> None:
