@@ -130,7 +130,8 @@ states named (``in tools``, ``no episodes`` and ``no batch`` are the idle causes
 
 def idle_over_time(r: SimResult) -> list[str]:
     """``r``'s timeline as table lines: per bucket, the trained tokens, each column of
-    ``TIMELINE_COLUMNS`` and the stale samples dropped (empty without a timeline)."""
+    ``TIMELINE_COLUMNS`` and the samples whose output was all past the staleness bound
+    (empty without a timeline)."""
     if not r.timeline:
         return []
     width = r.timeline_s / 3600.0
