@@ -201,16 +201,20 @@ def _tree_attention_forward(
             enable_gqa=True,
         )
     else:
-        out = _flex(query, key, value, structure, scaling, dropout)
+        _no_dropout(dropout, "flex_attention")
+        out = flex_tree_attention(query, key, value, structure, scaling)
     return out.transpose(1, 2).contiguous(), None
 
 
-def _flex(query, key, value, block_mask, scaling, dropout) -> torch.Tensor:
+def flex_tree_attention(query, key, value, block_mask, scaling=None) -> torch.Tensor:
+    """flex_attention over a tree's ``BlockMask``: ``[B, H, n, D]`` queries, ``[B, Hkv, n,
+    D]`` keys and values (``H`` a multiple of ``Hkv``), compiled on CUDA (its eager form
+    builds every score). Both backends' trees past their dense limit go through here on
+    a GPU."""
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"unsupported tree attention structure {type(block_mask).__name__}")
-    _no_dropout(dropout, "flex_attention")
     if not query.is_cuda and torch.is_grad_enabled() and query.requires_grad:
         raise ValueError("flex_attention has no CPU backward; use a TreeBlockLayout on CPU")
     flex = _compiled_flex() if query.is_cuda else flex_attention

@@ -5,6 +5,7 @@ exact resume, and the lazy import that names the extra."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -129,9 +130,14 @@ def _by_token(packed, lp):
 
 
 def test_packed_tree_logprobs_equal_the_per_path_ones(megatron_world):
-    """Each sampled token's logprob from the packed tree (dense mask, and the block-sparse
-    kernel with a small block) equals the one from its own path laid out flat."""
-    from gyre_env.trainers.megatron.forward import attention_mask_for, tree_logprobs
+    """Each sampled token's logprob from the packed tree (dense mask, the block-sparse
+    kernel with a small block, flex_attention's BlockMask) equals the one from its own
+    path laid out flat."""
+    from gyre_env.trainers.megatron.forward import (
+        TreeLayoutMask,
+        attention_mask_for,
+        tree_logprobs,
+    )
 
     gpt = _megatron_copy(tiny_qwen2(vocab_size=64, hidden_size=32, seed=3))
     (tree,), flat_units = _tree_batch().units, _tree_batch(flat=True).units
@@ -139,13 +145,54 @@ def test_packed_tree_logprobs_equal_the_per_path_ones(megatron_world):
     flat = {}
     for u in flat_units:
         flat.update(_by_token(u, tree_logprobs(gpt, u.tensors(), attention_mask_for(u))[0]))
-    for dense_max in (4096, 8):  # 8: the TreeLayoutMask path
-        mask = attention_mask_for(tree, dense_max_tokens=dense_max, block=16)
-        got = _by_token(tree, tree_logprobs(gpt, tree.tensors(), mask)[0])
+    masks = {
+        "dense": attention_mask_for(tree, dense_max_tokens=4096, block=16),
+        "block-sparse kernel": attention_mask_for(tree, dense_max_tokens=8, block=16),
+        # what a tree past the dense limit gets on CUDA (attention_mask_for with a cuda
+        # device): flex_attention over its BlockMask. Eager here, forward only: flex has
+        # no CPU backward, and the compiled CUDA kernel is checked by the GPU script
+        "flex_attention": TreeLayoutMask(tree.block_mask(16)),
+    }
+    for name, mask in masks.items():
+        with torch.no_grad() if name == "flex_attention" else contextlib.nullcontext():
+            got = _by_token(tree, tree_logprobs(gpt, tree.tensors(), mask)[0])
         assert set(got) == set(flat)
         worst = max(abs(got[k] - flat[k]) for k in got)
-        print(f"packed tree vs per-path (dense_max={dense_max}): max abs diff {worst:.3e}")
+        print(f"packed tree vs per-path ({name}): max abs diff {worst:.3e}")
         assert worst <= TOL
+    assert isinstance(masks["block-sparse kernel"], TreeLayoutMask)
+    # Transformer Engine's core attention takes only a dense mask
+    assert not isinstance(
+        attention_mask_for(tree, dense_max_tokens=8, sparse=False), TreeLayoutMask
+    )
+
+
+def test_a_bare_cuda_device_gets_an_index_for_set_device():
+    """``torch.cuda.set_device(torch.device("cuda"))`` raises "Expected a torch.device with
+    a specified index": the backend's first CUDA call failed on an H200 for want of one."""
+    from gyre_env.trainers.megatron.trainer import indexed_cuda_device
+
+    assert indexed_cuda_device(torch.device("cuda"), env={}) == torch.device("cuda", 0)
+    assert indexed_cuda_device(torch.device("cuda"), env={"LOCAL_RANK": "3"}).index == 3
+    assert indexed_cuda_device(torch.device("cuda:1"), env={"LOCAL_RANK": "3"}).index == 1
+    assert indexed_cuda_device(torch.device("cpu")) == torch.device("cpu")
+
+
+def test_the_fused_softmax_is_asked_for_only_when_its_kernel_imports(monkeypatch):
+    """Without apex or Transformer Engine the wheel has no ``scaled_masked_softmax_cuda``;
+    asking megatron for the fused softmax then fails at the first bf16 forward."""
+    import importlib.util
+
+    from gyre_env.trainers.megatron import model
+
+    real = importlib.util.find_spec
+    cfg = tiny_qwen2(vocab_size=64, hidden_size=32, seed=3).config
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if "softmax" in n else real(n, *a)
+    )
+    assert not model.fused_softmax_available()
+    assert model.transformer_config(cfg, cuda=True).masked_softmax_fusion is False
+    assert model.transformer_config(cfg, cuda=False).masked_softmax_fusion is False
 
 
 def _trainers(model_dir, loss, **kw):

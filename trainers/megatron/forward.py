@@ -9,8 +9,11 @@ position. Both drive megatron's own modules, not a re-implementation of them:
 - attention: ``model.layer_spec`` sets ``AttnMaskType.arbitrary``; the decoder gets the
   ancestor-only mask (megatron's convention, True = masked) as ``attention_mask`` and
   megatron's ``DotProductAttention`` (or TE's on GPU) applies it. Trees longer than
-  ``dense_max_tokens`` on CPU use ``TreeDotProductAttention`` instead: the same block-sparse
-  kernel as the torch backend (``trainers.tree_attention``), O(n * d) memory.
+  ``dense_max_tokens`` go to ``TreeDotProductAttention`` instead, with what the torch
+  backend uses for them (``hf_tree.attention_for``): on CPU the block-sparse kernel
+  (``trainers.tree_attention``), on CUDA flex_attention with the tree's ``BlockMask``;
+  neither builds an ``[n, n]`` mask (a dense 8192-token mask took the 1.5B step out of
+  memory on an H200).
 
 Logits: only rows that predict a loss token go through ``output_layer`` (vocab-parallel
 under TP, gathered to full rows), in chunks recomputed in backward, as in ``hf_tree``.
@@ -21,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from gyre_env.trainers.hf_tree import chunked_logprobs
+from gyre_env.trainers.hf_tree import chunked_logprobs, flex_tree_attention
 from gyre_env.trainers.tree_attention import TreeBlockLayout, tree_attention
 
 from gyre_env.trajectory.packing import PackedTree
@@ -29,15 +32,23 @@ from gyre_env.trajectory.packing import PackedTree
 
 @dataclass(frozen=True)
 class TreeLayoutMask:
-    """What the decoder gets as ``attention_mask`` for the block-sparse kernel."""
+    """What the decoder gets as ``attention_mask`` for a tree past the dense limit: the
+    block-sparse kernel's ``TreeBlockLayout`` (CPU) or a flex_attention ``BlockMask``
+    (CUDA)."""
 
-    layout: TreeBlockLayout
+    layout: object
 
 
-def attention_mask_for(packed: PackedTree, *, device="cpu", dense_max_tokens=2048, block=128):
+def attention_mask_for(
+    packed: PackedTree, *, device="cpu", dense_max_tokens=2048, block=128, sparse=True
+):
     """``[1, 1, n, n]`` bool, True where a query may *not* see a key (megatron's mask
-    convention), or a ``TreeLayoutMask`` for trees over ``dense_max_tokens`` on CPU."""
-    if len(packed) > dense_max_tokens and not str(device).startswith("cuda"):
+    convention), or a ``TreeLayoutMask`` for trees over ``dense_max_tokens`` (``sparse``:
+    the core attention is ``TreeDotProductAttention``; Transformer Engine's takes only a
+    dense mask)."""
+    if len(packed) > dense_max_tokens and sparse:
+        if str(device).startswith("cuda"):
+            return TreeLayoutMask(packed.block_mask(block, device=device))
         return TreeLayoutMask(TreeBlockLayout(packed.parent_index, block))
     return ~packed.dense_mask(device)[None, None]
 
@@ -48,7 +59,8 @@ def tree_core_attention():
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     class TreeDotProductAttention(DotProductAttention):
-        """megatron's local core attention; a ``TreeLayoutMask`` goes to the tree kernel."""
+        """megatron's local core attention; a ``TreeLayoutMask`` goes to the tree kernel
+        (a ``TreeBlockLayout``) or to flex_attention (a ``BlockMask``)."""
 
         def forward(self, query, key, value, attention_mask, *args, **kwargs):
             if not isinstance(attention_mask, TreeLayoutMask):
@@ -57,7 +69,11 @@ def tree_core_attention():
                 raise ValueError("tree attention takes one packed sequence (batch 1)")
             q = query[:, 0].transpose(0, 1)  # [sq, 1, np, hn] -> [np, n, hn]
             k, v = key[:, 0].transpose(0, 1), value[:, 0].transpose(0, 1)
-            out = tree_attention(q, k, v, attention_mask.layout, scale=self.softmax_scale)
+            layout, scale = attention_mask.layout, self.softmax_scale
+            if isinstance(layout, TreeBlockLayout):
+                out = tree_attention(q, k, v, layout, scale=scale)
+            else:  # [1, heads, n, hn] in and out, grouped keys and values as they come
+                out = flex_tree_attention(q[None], k[None], v[None], layout, scale)[0]
             return out.transpose(0, 1).reshape(query.shape[0], 1, -1)  # [sq, 1, hp]
 
     return TreeDotProductAttention

@@ -46,6 +46,17 @@ def head_dim(hf_config) -> int:
     )
 
 
+def fused_softmax_available() -> bool:
+    """Whether megatron's fused masked-softmax kernel imports (``scaled_masked_softmax_cuda``,
+    built by apex or Transformer Engine; a plain megatron-core wheel lacks it). With the
+    fusion on and the kernel missing, the bf16 path for units of 4096 tokens or fewer
+    fails at its first forward; without the fusion megatron uses torch's softmax."""
+    import importlib.util
+
+    kernels = ("scaled_masked_softmax_cuda", "scaled_softmax_cuda")
+    return all(importlib.util.find_spec(k) is not None for k in kernels)
+
+
 def transformer_config(hf_config, *, dtype: str = "float32", tp: int = 1, cuda: bool = False):
     """megatron's ``TransformerConfig`` for ``hf_config``; fusions only on CUDA."""
     from megatron.core.transformer import TransformerConfig
@@ -74,7 +85,7 @@ def transformer_config(hf_config, *, dtype: str = "float32", tp: int = 1, cuda: 
         use_cpu_initialization=not cuda,
         perform_initialization=False,  # every weight comes from the HF checkpoint
         bias_activation_fusion=cuda,
-        masked_softmax_fusion=cuda,
+        masked_softmax_fusion=cuda and fused_softmax_available(),
         bias_dropout_fusion=cuda,
         apply_rope_fusion=False,  # positions are per token (tree depths), not 0..n-1
         gradient_accumulation_fusion=False,

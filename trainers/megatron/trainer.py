@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,6 +45,17 @@ from gyre_env.trainers.steps import (
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def indexed_cuda_device(device: torch.device, env=None) -> torch.device:
+    """``device`` with a device index: ``torch.cuda.set_device`` refuses a bare ``cuda``
+    ("Expected a torch.device with a specified index", the backend's first CUDA call on an
+    H200). A bare one is this process's ``LOCAL_RANK`` (torchrun), else 0 (the first
+    device it sees: a Ray actor sees only its own)."""
+    if device.type != "cuda" or device.index is not None:
+        return device
+    env = os.environ if env is None else env
+    return torch.device("cuda", int(env.get("LOCAL_RANK", 0)))
+
+
 @dataclass(kw_only=True)
 class MegatronTrainerConfig:
     """Optimizer, device and parallel settings of the Megatron backend (the optimizer
@@ -61,7 +73,8 @@ class MegatronTrainerConfig:
     dtype: str = "float32"
     dense_max_tokens: int = 2048
     """Trees up to this many tokens use a dense mask in megatron's attention; longer ones
-    (CPU) the block-sparse tree kernel."""
+    the block-sparse tree kernel (CPU) or flex_attention (CUDA), unless Transformer
+    Engine's attention runs (``use_te``), which takes only a dense mask."""
     block_size: int = 128
     tensor_parallel: int = 1
     """Tensor-parallel ranks (the rest of the world is data parallel)."""
@@ -151,6 +164,7 @@ class MegatronTrainer:
         from gyre_env.trainers.megatron.model import init_parallel
 
         if self.cuda:
+            self.device = indexed_cuda_device(self.device)
             torch.cuda.set_device(self.device)
         else:
             from gyre_env.trainers.megatron.cpu_shim import apply_cpu_shim
@@ -347,8 +361,9 @@ class MegatronTrainer:
     def _mask(self, packed):
         c = self.config
         return attention_mask_for(
-            packed, device=self.device, dense_max_tokens=c.dense_max_tokens, block=c.block_size
-        )
+            packed, device=self.device, dense_max_tokens=c.dense_max_tokens,
+            block=c.block_size, sparse=not self.use_te,
+        )  # fmt: skip
 
     def set_proximal(self, units) -> None:
         """Store on each unit its logprobs under the current weights: decoupled PPO's
