@@ -105,6 +105,7 @@ def _measure(args) -> int:
     infos = [EpisodeInfo(session=f"s{k}", group="g", reward=k / 4) for k in range(4)]
     units = [pack(u) for u in bounded_samples(build_trees(recs, infos), SampleConfig())[0]]
     rows: dict[str, dict[str, list[float]]] = {"TRAINING": {}, "ROLLOUT": {}}
+    rates: dict[str, list[float]] = {}  # GB/s of the phases that moved trainer state
     trains, trips = [], []
     try:
         for _ in range(args.rounds):
@@ -114,12 +115,16 @@ def _measure(args) -> int:
             for rec in (there, back):
                 for phase, s in {**rec.phases, "total": rec.total_s}.items():
                     rows[rec.to.name].setdefault(phase, []).append(s)
+                for phase, moved in rec.phase_bytes.items():
+                    rates.setdefault(phase, []).append(moved / 1e9 / rec.phases[phase])
         device = f"{cells[0].engine.device}, trainer {args.dtype}"
         print(f"model {model} ({device}); {args.requests} requests in flight; median of "
               f"{args.rounds} rounds")  # fmt: skip
         for to, phases in rows.items():
             parts = "  ".join(f"{p} {statistics.median(v) * 1e3:.1f}" for p, v in phases.items())
             print(f"-> {to:<8} ms: {parts}")
+        for phase, r in rates.items():  # hold against the pinned copy floor (55 GB/s on an H200)
+            print(f"{phase}: trainer state at {statistics.median(r):.1f} GB/s")
         print(f"train step + publish: {statistics.median(trains) * 1e3:.1f} ms")
         trip = statistics.median(trips)
         print(f"round trip (both switches): {trip * 1e3:.1f} ms")

@@ -337,26 +337,64 @@ class TorchTrainer:
                     target.copy_(tensor)
 
     def offload(self) -> None:
-        """Gradients dropped; on CUDA weights and optimizer state move to host memory."""
+        """Gradients dropped; on CUDA weights, the reference model and optimizer state move
+        to host memory, through buffers kept for the next switch (``HostStash``: pinned,
+        allocated at the first offload only)."""
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
-            self._move(torch.device("cpu"))
+            self._move(offload=True)
             torch.cuda.empty_cache()
         self._offloaded = True
 
     def onload(self) -> None:
         if self._offloaded and self.device.type == "cuda":
-            self._move(self.device)
+            self._move(offload=False)
         self._offloaded = False
 
-    def _move(self, device: torch.device) -> None:
-        self.model.to(device)
-        if self.reference is not None:
-            self.reference.to(device)
-        for state in self.optimizer.state.values():
+    @property
+    def last_move_bytes(self) -> int:
+        """Bytes the last offload or onload moved between device and host (0: none moved,
+        as on CPU, where the state stays put)."""
+        stash = getattr(self, "_stash", None)
+        return stash.moved_bytes if stash is not None else 0
+
+    def _state_slots(self) -> dict[str, tuple]:
+        """Every tensor a switch moves, by key: (owner, attribute or key, kind), where a
+        parameter's data is swapped in place (the optimizer keeps the parameter objects)."""
+        slots: dict[str, tuple] = {}
+        for tag, model in (("model", self.model), ("reference", self.reference)):
+            if model is None:
+                continue
+            for name, p in model.named_parameters(remove_duplicate=True):
+                slots[f"{tag}.p.{name}"] = (p, "data", "param")
+            for mod_name, mod in model.named_modules():
+                for name, b in mod._buffers.items():
+                    if b is not None:
+                        slots[f"{tag}.b.{mod_name}.{name}"] = (mod._buffers, name, "item")
+        for i, state in enumerate(self.optimizer.state.values()):
             for k, v in state.items():
-                if isinstance(v, torch.Tensor):
-                    state[k] = v.to(device)
+                if isinstance(v, torch.Tensor) and v.dim() > 0:
+                    slots[f"optim.{i}.{k}"] = (state, k, "item")
+        return slots
+
+    def _move(self, *, offload: bool) -> None:
+        from gyre_env.trainers.host_stash import HostStash
+
+        if getattr(self, "_stash", None) is None:
+            self._stash = HostStash()
+        slots = self._state_slots()
+        if offload:
+            current = {
+                k: (o.data if kind == "param" else o[a]) for k, (o, a, kind) in slots.items()
+            }
+            moved = self._stash.stash_all(current)
+        else:
+            moved = self._stash.restore_all(slots, self.device)
+        for key, (owner, attr, kind) in slots.items():
+            if kind == "param":
+                owner.data = moved[key]
+            else:
+                owner[attr] = moved[key]
 
     def save_pretrained(self, folder: str | Path, *, write: bool | None = None) -> Path:
         """The current weights as a Hugging Face model folder (config + safetensors),

@@ -58,6 +58,10 @@ class SwitchRecord:
     started: float
     """``time.monotonic()`` when the switch began."""
     phases: dict[str, float] = field(default_factory=dict)
+    phase_bytes: dict[str, int] = field(default_factory=dict)
+    """Bytes a phase moved between device and host, where its part reports them (the
+    trainer's ``offload`` / ``onload``: ``last_move_bytes``); with ``phases``' seconds,
+    its copy rate, to hold against the machine's copy floor."""
     migration: MigrationReport | None = None
     weight_version: int = 0
     """The version the cell holds after the switch."""
@@ -69,7 +73,11 @@ class SwitchRecord:
         return sum(self.phases.values())
 
     def summary(self) -> str:
-        parts = " ".join(f"{k}={v * 1000:.1f}ms" for k, v in self.phases.items())
+        parts = " ".join(
+            f"{k}={v * 1000:.1f}ms"
+            + (f"/{self.phase_bytes[k] / 1e9:.2f}GB" if self.phase_bytes.get(k) else "")
+            for k, v in self.phases.items()
+        )
         return f"cell {self.cell} -> {self.to.name}: {self.total_s * 1000:.1f}ms ({parts})"
 
 
@@ -202,6 +210,7 @@ class Cell:
                     record.migration = await phases.run("migrate", lambda: self._migrate(targets))
             await phases.run("release", self.engine.release_memory)
             await phases.run("onload", self._onload, blocking=True)
+            self._moved(record, "onload")
             self.role = Role.TRAINING  # before switching clears: other threads read both
         finally:
             self.switching = False
@@ -215,6 +224,7 @@ class Cell:
         phases = _Phases(record)
         try:
             await phases.run("offload", self.trainer.offload, blocking=True)
+            self._moved(record, "offload")
             await phases.run("resume", self.engine.resume_memory)
             await phases.run("load_weights", self.sync_engine)
             await phases.run("admit", self.admit)
@@ -274,6 +284,11 @@ class Cell:
         if report.failed and self.on_migration_failed is not None:
             self.on_migration_failed(report)
         return report
+
+    def _moved(self, record: SwitchRecord, phase: str) -> None:
+        moved = getattr(self.trainer, "last_move_bytes", 0)
+        if moved:
+            record.phase_bytes[phase] = int(moved)
 
     def _onload(self) -> None:
         self.trainer.onload()

@@ -665,6 +665,8 @@ def switch_values(record, t0: float) -> dict:
         "total_s": record.total_s, "phases": dict(record.phases),
         "weight_version": record.weight_version,
     }  # fmt: skip
+    if record.phase_bytes:
+        values["phase_bytes"] = dict(record.phase_bytes)
     if record.profile is not None:
         values["profile"] = record.profile
     if record.migration is not None:

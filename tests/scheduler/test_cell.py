@@ -88,6 +88,29 @@ def test_switch_round_trip_moves_requests_and_serves_new_weights(
     assert served.output_ids != alone[0], "the trained weights are served"
     assert a.costs.mean(Role.TRAINING) != SwitchCosts().mean(Role.TRAINING)
     assert a.stats.mean(Role.ROLLOUT, "resume") == back.phases["resume"]
+    # on CPU the trainer's state stays put: no phase reports bytes moved
+    assert record.phase_bytes == {} and back.phase_bytes == {}
+
+
+def test_a_phase_that_moved_trainer_state_reports_its_bytes():
+    """On CUDA the trainer's offload / onload move its state through host buffers and say
+    how many bytes (``last_move_bytes``): the switch record keeps them per phase, for the
+    copy rate against the machine's floor (``benchmarks/cell_switch.py``)."""
+    from types import SimpleNamespace
+
+    from gyre_env.scheduler.cell import SwitchRecord
+    from gyre_env.scheduler.driver import switch_values
+
+    record = SwitchRecord(0, Role.ROLLOUT, 0.0, phases={"offload": 0.2, "resume": 0.1})
+    Cell._moved(
+        SimpleNamespace(trainer=SimpleNamespace(last_move_bytes=11 * 10**9)), record, "offload"
+    )
+    Cell._moved(SimpleNamespace(trainer=object()), record, "resume")  # a trainer that says nothing
+    assert record.phase_bytes == {"offload": 11 * 10**9}
+    assert (
+        "offload=200.0ms/11.00GB" in record.summary() and "resume=100.0ms/" not in record.summary()
+    )
+    assert switch_values(record, 0.0)["phase_bytes"] == {"offload": 11 * 10**9}
 
 
 def test_migration_past_its_window_reprefills_and_reports(cells, prompts, caplog, hold_in_flight):

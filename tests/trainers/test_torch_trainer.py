@@ -317,3 +317,37 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(model_dir):
     hook.remove()
     with pytest.raises(ValueError, match="max_nonfinite_steps"):
         TorchTrainerConfig(max_nonfinite_steps=0)
+
+
+def test_a_switch_moves_the_trainer_state_through_host_buffers_kept_for_the_next(model_dir):
+    """The move a CUDA offload and onload make (``_move``), run here device cpu -> host ->
+    cpu with unpinned buffers: the state comes back equal, the parameters stay the objects
+    the optimizer holds, the next step equals a trainer's that never moved, and the second
+    offload copies into the buffers the first allocated (pinned on a GPU: at the first
+    switch only, where ``tensor.to("cpu")`` allocated pageable memory every time)."""
+    rng = np.random.default_rng(2)
+    batches = [_batch(_group(rng)) for _ in range(3)]
+    cfg = TorchTrainerConfig(lr=1e-3, warmup_steps=1)
+    moved, still = (TorchTrainer(model_dir, cfg, LossConfig(kl_coef=0.05)) for _ in range(2))
+    for t in (moved, still):
+        t.train_step(batches[0])
+    params = list(moved.model.parameters())
+    for round_trip in range(2):
+        moved._move(offload=True)
+        stash = moved._stash
+        host = {k: b.data_ptr() for k, b in stash._host.items()}
+        if round_trip == 0:
+            allocated, first_host = stash.allocated_bytes, host
+            assert allocated == stash.moved_bytes == moved.last_move_bytes > 0
+            kinds = {k.split(".")[0] for k in host}
+            assert kinds == {"model", "reference", "optim"}  # weights, KL reference, Adam
+        else:  # the same buffers again, nothing allocated
+            assert stash.allocated_bytes == allocated and host == first_host
+        assert all(p.data.data_ptr() in host.values() for p in moved.model.parameters())
+        moved._move(offload=False)
+        assert list(moved.model.parameters()) == params  # the optimizer's objects
+        assert all(p.data.data_ptr() not in host.values() for p in params)
+        moved.train_step(batches[1 + round_trip])
+        still.train_step(batches[1 + round_trip])
+        for (n, x), (_, y) in zip(moved.named_parameters(), still.named_parameters(), strict=True):
+            assert torch.equal(x, y), n
