@@ -63,7 +63,7 @@ def log_name(name: str) -> str:
 
 def run(name: str, cmd: list[str], out: Path, timeout_s: float) -> tuple[int | None, str]:
     """``cmd``'s exit status (None: past ``timeout_s``) and its stdout; both streams go to
-    ``out/<name>.log`` (``log_name``)."""
+    ``out/<name>.log`` (``log_name``), and the last line of its stderr to ``LAST_ERROR``."""
     log = out / log_name(name)
     start = time.perf_counter()
     print(f"  $ {' '.join(cmd)}", file=sys.stderr, flush=True)
@@ -75,17 +75,25 @@ def run(name: str, cmd: list[str], out: Path, timeout_s: float) -> tuple[int | N
         stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         stderr = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
     wall = time.perf_counter() - start
+    errors = [x for x in stderr.strip().splitlines() if x.strip()]
+    LAST_ERROR[name] = errors[-1].strip() if errors else ""
     log.write_text(f"$ {' '.join(cmd)}\n# exit {code}, {wall:.0f} s\n{stdout}\n{stderr}")
     return code, stdout
 
 
+LAST_ERROR: dict[str, str] = {}
+"""Per check, the last line its command wrote to stderr (the exception, mostly)."""
+
+
 def _why(code: int | None, stdout: str, name: str) -> str:
-    """Why a check's command gave no figure, and where its whole output is."""
+    """Why a check's command gave no figure (the last line of its stderr, else of its
+    stdout), and where its whole output is."""
     log = log_name(name)
     if code is None:
         return f"timed out; see {log}"
     lines = [x for x in stdout.strip().splitlines() if x.strip()]
-    return f"exit {code}: {lines[-1] if lines else 'no output'}; see {log}"
+    last = LAST_ERROR.get(name) or (lines[-1] if lines else "no output")
+    return f"exit {code}: {last}; see {log}"
 
 
 # ---- copy floors (run in a child: python check.py --copy-floors GB) ----------------------
@@ -253,6 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.copy_floors is not None:
         print(json.dumps(copy_floors(args.copy_floors)))
         return 0
+    if not args.smoke:
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error(
+                "no CUDA device here: this script is for a GPU machine (--smoke runs it on CPU)"
+            )
     if args.smoke and not args.set:  # the preset's 400 SFT steps take minutes on a CPU
         args.set = ["sft.steps=10", "tasks.heldout_count=4"]
     out = Path(args.out)
