@@ -359,18 +359,13 @@ class TorchTrainer:
         return stash.moved_bytes if stash is not None else 0
 
     def _state_slots(self) -> dict[str, tuple]:
-        """Every tensor a switch moves, by key: (owner, attribute or key, kind), where a
-        parameter's data is swapped in place (the optimizer keeps the parameter objects)."""
-        slots: dict[str, tuple] = {}
-        for tag, model in (("model", self.model), ("reference", self.reference)):
-            if model is None:
-                continue
-            for name, p in model.named_parameters(remove_duplicate=True):
-                slots[f"{tag}.p.{name}"] = (p, "data", "param")
-            for mod_name, mod in model.named_modules():
-                for name, b in mod._buffers.items():
-                    if b is not None:
-                        slots[f"{tag}.b.{mod_name}.{name}"] = (mod._buffers, name, "item")
+        """Every tensor a switch moves (``host_stash.module_slots``): the model's, the
+        reference model's, and the optimizer state's (its step counters stay put)."""
+        from gyre_env.host_stash import module_slots
+
+        slots = module_slots("model", self.model)
+        if self.reference is not None:
+            slots |= module_slots("reference", self.reference)
         for i, state in enumerate(self.optimizer.state.values()):
             for k, v in state.items():
                 if isinstance(v, torch.Tensor) and v.dim() > 0:
@@ -378,23 +373,14 @@ class TorchTrainer:
         return slots
 
     def _move(self, *, offload: bool) -> None:
-        from gyre_env.trainers.host_stash import HostStash
+        from gyre_env.host_stash import HostStash, park, unpark
 
         if getattr(self, "_stash", None) is None:
             self._stash = HostStash()
-        slots = self._state_slots()
         if offload:
-            current = {
-                k: (o.data if kind == "param" else o[a]) for k, (o, a, kind) in slots.items()
-            }
-            moved = self._stash.stash_all(current)
+            park(self._stash, self._state_slots())
         else:
-            moved = self._stash.restore_all(slots, self.device)
-        for key, (owner, attr, kind) in slots.items():
-            if kind == "param":
-                owner.data = moved[key]
-            else:
-                owner[attr] = moved[key]
+            unpark(self._stash, self._state_slots(), self.device)
 
     def save_pretrained(self, folder: str | Path, *, write: bool | None = None) -> Path:
         """The current weights as a Hugging Face model folder (config + safetensors),

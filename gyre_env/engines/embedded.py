@@ -175,6 +175,9 @@ class EmbeddedEngine:
         self._released = False
         self._weights_modified = False  # state-dict updates since loading model_path
         self._offloaded: dict | None = None  # those weights, kept on CPU while released
+        self._parked = None  # the released model, its weights in host buffers (on CUDA)
+        self._park_on_release = None  # None: on CUDA (set by the first release)
+        self._stash = None  # those buffers (gyre_env.host_stash), reused at every release
         self._cond = threading.Condition()
         self._pending: collections.deque[_Request] = collections.deque()
         self._control: collections.deque = collections.deque()  # (fn, future, barrier seq)
@@ -718,17 +721,31 @@ class EmbeddedEngine:
             )
 
     def _do_release(self) -> None:
-        """Drop the weights; updated ones are first copied to CPU (reloading model_path
-        would lose them), unmodified ones are simply reloaded on resume."""
+        """Free the device memory. On CUDA the model is parked: its weights go to host
+        buffers allocated at the first release and pinned (``gyre_env.host_stash``), and
+        come back from them on resume, with no disk read and no rebuild (an H200 switch
+        spent 2.8 s releasing a 1.5B engine through pageable copies and 1.3 s reloading
+        it). Elsewhere the weights are dropped; updated ones are first copied to CPU
+        (reloading model_path would lose them), unmodified ones are reloaded on resume."""
+        if self._prefix is not None:
+            self._prefix.clear()
+        if self._park_on_release is None:
+            self._park_on_release = self.device.type == "cuda"
+        if self._park_on_release:
+            from gyre_env.host_stash import HostStash, module_slots, park
+
+            self._stash = self._stash or HostStash()
+            park(self._stash, module_slots("engine", self._model))
+            self._parked, self._model = self._model, None
+            if self.device.type == "cuda":
+                self._torch.cuda.empty_cache()
+            self._released = True
+            return
         if self._weights_modified:
             self._offloaded = {
                 k: v.detach().to("cpu", copy=True) for k, v in self._model.state_dict().items()
             }
-        if self._prefix is not None:
-            self._prefix.clear()
         self._swap_model(None)
-        if self.device.type == "cuda":
-            self._torch.cuda.empty_cache()
         self._released = True
 
     def _swap_model(self, model) -> None:
@@ -741,6 +758,13 @@ class EmbeddedEngine:
             gc.collect()
 
     def _do_resume_memory(self) -> None:
+        if self._parked is not None:
+            from gyre_env.host_stash import module_slots, unpark
+
+            unpark(self._stash, module_slots("engine", self._parked), self.device)
+            self._model, self._parked = self._parked, None
+            self._released = False
+            return
         self._model = self._load(self.model_path)
         if self._offloaded is not None:
             self._load_state(self._offloaded)

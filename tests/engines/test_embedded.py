@@ -512,6 +512,34 @@ def test_release_and_resume_memory_keep_updated_weights(tiny_path, prompts):
         engine.close()
 
 
+def test_a_parked_release_keeps_the_weights_in_host_buffers_reused_at_the_next(tiny_path, prompts):
+    """The release an engine makes on CUDA (``_park_on_release``), run here on CPU with
+    unpinned buffers: the model's weights go to host buffers and come back from them on
+    resume (no reload from ``model_path``: updated weights survive), the same model object
+    serves again, and the second release copies into the first one's buffers."""
+    engine = EmbeddedEngine(model_path=str(tiny_path))
+    try:
+        engine._park_on_release = True
+        asyncio.run(engine.update_weights(_perturbed_state(engine), version=3))
+        expected = asyncio.run(engine.generate(prompts[5], GREEDY)).output_ids
+        model = engine._model
+        for trip in range(2):
+            asyncio.run(engine.release_memory())
+            assert engine._model is None and asyncio.run(engine.health())["status"] == "released"
+            host = {k: b.data_ptr() for k, b in engine._stash._host.items()}
+            assert {p.data_ptr() for p in model.parameters()} <= set(host.values())
+            if trip == 0:
+                first, allocated = host, engine._stash.allocated_bytes
+            else:
+                assert host == first and engine._stash.allocated_bytes == allocated
+            asyncio.run(engine.resume_memory())
+            assert engine._model is model
+            result = asyncio.run(engine.generate(prompts[5], GREEDY))
+            assert result.output_ids == expected and result.weight_version == 3
+    finally:
+        engine.close()
+
+
 def test_release_frees_weights_a_reference_cycle_holds(tiny_path):
     """Weights that only a reference cycle still holds are freed by the release too (it
     collects when its weak reference to the model outlives dropping it)."""

@@ -69,3 +69,36 @@ class HostStash:
             torch.cuda.synchronize()
         self.moved_bytes, self.last_s = moved, time.perf_counter() - t0
         return out
+
+
+def module_slots(tag: str, module) -> dict[str, tuple]:
+    """Every tensor of ``module`` a switch moves, by key (``tag`` first): (owner, attribute
+    or key, kind). A parameter's ``data`` is swapped in place, so that whoever holds the
+    parameter objects (an optimizer) keeps them; a buffer is replaced in its module."""
+    slots: dict[str, tuple] = {}
+    for name, p in module.named_parameters(remove_duplicate=True):
+        slots[f"{tag}.p.{name}"] = (p, "data", "param")
+    for mod_name, mod in module.named_modules():
+        for name, b in mod._buffers.items():
+            if b is not None:
+                slots[f"{tag}.b.{mod_name}.{name}"] = (mod._buffers, name, "item")
+    return slots
+
+
+def park(stash: HostStash, slots: dict[str, tuple]) -> None:
+    """The tensors of ``slots`` into ``stash``'s host buffers; their owners hold those."""
+    now = {k: (o.data if kind == "param" else o[a]) for k, (o, a, kind) in slots.items()}
+    _place(slots, stash.stash_all(now))
+
+
+def unpark(stash: HostStash, slots: dict[str, tuple], device) -> None:
+    """The tensors of ``slots`` back on ``device`` from ``stash`` (its buffers kept)."""
+    _place(slots, stash.restore_all(slots, device))
+
+
+def _place(slots: dict[str, tuple], tensors: dict[str, torch.Tensor]) -> None:
+    for key, (owner, attr, kind) in slots.items():
+        if kind == "param":
+            owner.data = tensors[key]
+        else:
+            owner[attr] = tensors[key]
