@@ -54,6 +54,10 @@ class CellConfig:
     """Output tokens per second of one request decoding alone at a short context."""
     batch_slowdown: float = 0.02
     """Per-request decode rate is divided by ``1 + batch_slowdown * (batch - 1)``."""
+    shared_host: bool = False
+    """The batch of that slowdown counts the calls in flight on every cell, not the cell's
+    own: cells that share one machine's cores (the CPU cells of ``benchmarks/elastic.py``,
+    whose two engines together decode about what one decodes alone), not devices."""
     context_halfspeed_tokens: float = 131072.0
     """Context length at which per-request decode runs at half speed (attention cost)."""
     train_tokens_per_s: float = 20000.0

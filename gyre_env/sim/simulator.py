@@ -302,7 +302,10 @@ class Simulation:
         rows, cells = q[:m], cells[:m]
         start = np.maximum(tab.arr[rows], slot_t[:m])
         self.load += np.bincount(cells, minlength=n)
-        inflight = np.concatenate((plv, self.load[cells[len(plv) :]]))[:m]
+        if self.cfg.cells.shared_host:  # the k-th call joins every call in flight before it
+            inflight = int(self.load.sum()) - m + 1 + np.arange(m)
+        else:
+            inflight = np.concatenate((plv, self.load[cells[len(plv) :]]))[:m]
         dur = tab.durations(rows, inflight, self._call_model)
         tab.phase[rows] = CALL
         tab.cell[rows] = cells

@@ -233,6 +233,15 @@ def _call_table(store: dict[str, list[dict]], by: str | None = None) -> np.ndarr
     )
 
 
+def _decode_residual(c: np.ndarray, fit: tuple[float, float, float]) -> float:
+    """Mean squared error of ``fit``'s decode seconds per output token on call table
+    ``c``."""
+    _, decode_tps, slowdown = fit
+    ok = c[:, 1] > 0
+    predicted = (1.0 + slowdown * (c[ok, 4] - 1)) / decode_tps
+    return float(np.mean(np.square(c[ok, 3] / c[ok, 1] - predicted)))
+
+
 def _fit_calls(c: np.ndarray | None) -> tuple[float, float, float]:
     """(prefill tokens/s, decode tokens/s of a lone request, batch slowdown) by least
     squares on a call table (defaults without calls)."""
@@ -469,6 +478,8 @@ class ElasticTrace:
     """Measured switch seconds by target role (``TRAINING`` / ``ROLLOUT``)."""
     calls: np.ndarray | None = None
     """[n, 5] as ``RunTrace.calls``: in flight counted per engine."""
+    host_calls: np.ndarray | None = None
+    """The same with in flight counted over every engine (cells sharing one host)."""
     measured_s: float = 0.0
 
     @property
@@ -623,6 +634,7 @@ def load_elastic_trace(path: str | Path) -> ElasticTrace:
         step_rows=rows,
         switches=switches,
         calls=_call_table(store, by="replica"),
+        host_calls=_call_table(store),
         measured_s=float(data["wall_s"]),
     )
 
@@ -661,7 +673,18 @@ def fit_elastic_cells(trace: ElasticTrace, fit_on: list[ElasticTrace] | None = N
     call's KV move is part of the measured switch (no separate transfer time)."""
     fit_on = fit_on if fit_on is not None else [trace]
     tables = [t.calls for t in fit_on if t.calls is not None and len(t.calls)]
-    prefill_tps, decode_tps, slowdown = _fit_calls(np.concatenate(tables) if tables else None)
+    engine = np.concatenate(tables) if tables else None
+    prefill_tps, decode_tps, slowdown = fits = _fit_calls(engine)
+    # the batch counted per engine, or over the host's engines (cores shared): the one
+    # whose fit explains the fitted runs' decode times better
+    host_tables = [t.host_calls for t in fit_on if t.host_calls is not None and len(t.host_calls)]
+    shared = False
+    if engine is not None and len(host_tables) == len(tables):
+        host = np.concatenate(host_tables)
+        host_fit = _fit_calls(host)
+        if _decode_residual(host, host_fit) < _decode_residual(engine, fits):
+            prefill_tps, decode_tps, slowdown = host_fit
+            shared = True
     tps, dp, overhead = _fit_steps([row for t in fit_on for row in t.step_rows])
     switches = {
         k: [s for t in fit_on for s in t.switches.get(k, [])] for k in ("TRAINING", "ROLLOUT")
@@ -682,6 +705,7 @@ def fit_elastic_cells(trace: ElasticTrace, fit_on: list[ElasticTrace] | None = N
         prefill_tokens_per_s=prefill_tps,
         decode_tokens_per_s=decode_tps,
         batch_slowdown=slowdown,
+        shared_host=shared,
         context_halfspeed_tokens=1e12,
         train_tokens_per_s=tps,
         dp_efficiency=dp,

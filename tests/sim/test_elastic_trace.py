@@ -237,3 +237,56 @@ def test_fitted_episodes_keep_the_groups_share_of_their_size():
     spans = [np.ptp([len(e.output) for e in work.group(g)]) for g in range(30)]
     sizes = [len(work.group(g)[0].output) for g in range(30)]
     assert max(spans) <= 1 and max(sizes) >= 2 * min(sizes)
+
+
+def test_the_call_model_counts_the_batch_over_the_host_when_that_explains_the_fitted_calls():
+    """Two cells on one machine's cores decode together about what one decodes alone: a
+    call slows with every call in flight on the host, not only on its engine. The fit
+    counts the batch both ways on the fitted runs and keeps the one whose decode times
+    it explains better (``CellConfig.shared_host``); the simulator then slows a call by
+    the host's calls in flight."""
+    import dataclasses
+
+    from gyre_env.sim.trace import ElasticTrace
+
+    rng = np.random.default_rng(0)
+    n = 400
+    engine = rng.integers(1, 9, n)  # calls in flight on the call's own engine
+    host = engine + rng.integers(0, 9, n)  # ... and on the host's two engines
+    out = np.full(n, 64.0)
+
+    def table(batch, per_token):
+        return np.c_[np.full(n, 20.0), out, np.full(n, 0.01), out * per_token, batch]
+
+    def trace(by_host: bool):
+        per_token = 0.002 * (1 + 0.2 * ((host if by_host else engine) - 1))
+        return ElasticTrace(
+            path=Path("t"), policy="colocated", policy_params={}, cells=2, max_batch_size=16,
+            switch_prior_s=0.1, group_size=2, agent_slots=2, steps=1, groups_per_step=1,
+            steps_per_iteration=1, staleness_bound=1, decision_interval_s=0.05, groups=[],
+            calls=table(engine, per_token), host_calls=table(host, per_token),
+        )  # fmt: skip
+
+    shared, own = fit_elastic_cells(trace(True)), fit_elastic_cells(trace(False))
+    assert shared.shared_host and not own.shared_host
+    assert shared.batch_slowdown == pytest.approx(0.2, rel=1e-6)
+    assert own.batch_slowdown == pytest.approx(0.2, rel=1e-6)
+    # in the simulator: the same calls on a host whose other cell is busy take longer
+    from gyre_env.sim.simulator import simulate
+    from gyre_env.sim.workload import TraceWorkload
+
+    work = [[e] for e in _episodes(32)]
+    cfg = elastic_config(trace(True))
+    cfg.workload.group_size, cfg.workload.max_concurrent_episodes = 1, 16
+    cfg.training.groups_per_step = 16  # 16 calls at once, over both cells
+    cfg = dataclasses.replace(cfg, max_steps=2)
+    apart = simulate(dataclasses.replace(cfg, cells=dataclasses.replace(cfg.cells, shared_host=False)),
+                     make_policy("colocated", {}), TraceWorkload(work))  # fmt: skip
+    together = simulate(cfg, make_policy("colocated", {}), TraceWorkload(work))
+    assert together.duration_s > apart.duration_s
+
+
+def _episodes(k: int):
+    from gyre_env.sim.workload import Episode
+
+    return [Episode(0.0, 0.0, [20, 20], [64, 64], [0.1, 0.0]) for _ in range(k)]
