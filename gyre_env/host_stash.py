@@ -9,13 +9,11 @@ switch on, leaving is one device-to-host copy per tensor into memory already pin
 coming back one host-to-device copy. The copies are queued without waiting
 (``non_blocking``) and the stash synchronises once at the end.
 
-``moved_bytes`` and ``last_s`` say what the last move carried and how long it took, so a
-switch can report its ratio to the copy floor.
+``moved_bytes`` says what the last move carried, so a switch can report its copy rate
+against the copy floor.
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 
@@ -31,7 +29,6 @@ class HostStash:
         """Host bytes allocated so far (the first stash of each key allocates)."""
         self.moved_bytes = 0
         """Bytes the last ``stash_all`` / ``restore_all`` moved."""
-        self.last_s = 0.0
 
     def _buffer(self, key: str, like: torch.Tensor) -> torch.Tensor:
         buf = self._host.get(key)
@@ -44,7 +41,7 @@ class HostStash:
     def stash_all(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Each tensor copied into its key's host buffer: the host tensors, by key (the
         caller drops its device tensors so that their memory frees)."""
-        t0, out, moved = time.perf_counter(), {}, 0
+        out, moved = {}, 0
         for key, t in tensors.items():
             buf = self._buffer(key, t)
             buf.copy_(t.detach(), non_blocking=self.pin and t.is_cuda)
@@ -52,13 +49,13 @@ class HostStash:
             moved += t.numel() * t.element_size()
         if self.pin and torch.cuda.is_available():
             torch.cuda.synchronize()  # the host buffers hold the data from here on
-        self.moved_bytes, self.last_s = moved, time.perf_counter() - t0
+        self.moved_bytes = moved
         return out
 
     def restore_all(self, keys, device: torch.device) -> dict[str, torch.Tensor]:
         """Fresh tensors on ``device`` holding what ``keys`` stashed (the host buffers are
         kept for the next stash)."""
-        t0, out, moved = time.perf_counter(), {}, 0
+        out, moved = {}, 0
         for key in keys:
             buf = self._host[key]
             t = torch.empty(buf.shape, dtype=buf.dtype, device=device)
@@ -67,7 +64,7 @@ class HostStash:
             moved += buf.numel() * buf.element_size()
         if self.pin and torch.device(device).type == "cuda":
             torch.cuda.synchronize()
-        self.moved_bytes, self.last_s = moved, time.perf_counter() - t0
+        self.moved_bytes = moved
         return out
 
 

@@ -120,6 +120,7 @@ class TorchTrainer:
         self.reference = None
         self._version = 0
         self._offloaded = False
+        self._stash = None  # host buffers of the state a CUDA switch moves (HostStash)
         self._nonfinite_steps = 0
 
     def reset_optimizer(self, lr: float | None = None) -> None:
@@ -355,8 +356,7 @@ class TorchTrainer:
     def last_move_bytes(self) -> int:
         """Bytes the last offload or onload moved between device and host (0: none moved,
         as on CPU, where the state stays put)."""
-        stash = getattr(self, "_stash", None)
-        return stash.moved_bytes if stash is not None else 0
+        return self._stash.moved_bytes if self._stash is not None else 0
 
     def _state_slots(self) -> dict[str, tuple]:
         """Every tensor a switch moves (``host_stash.module_slots``): the model's, the
@@ -375,7 +375,7 @@ class TorchTrainer:
     def _move(self, *, offload: bool) -> None:
         from gyre_env.host_stash import HostStash, park, unpark
 
-        if getattr(self, "_stash", None) is None:
+        if self._stash is None:
             self._stash = HostStash()
         if offload:
             park(self._stash, self._state_slots())

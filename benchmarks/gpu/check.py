@@ -61,9 +61,10 @@ def log_name(name: str) -> str:
     return f"{re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')}.log"
 
 
-def run(name: str, cmd: list[str], out: Path, timeout_s: float) -> tuple[int | None, str]:
-    """``cmd``'s exit status (None: past ``timeout_s``) and its stdout; both streams go to
-    ``out/<name>.log`` (``log_name``), and the last line of its stderr to ``LAST_ERROR``."""
+def run(name: str, cmd: list[str], out: Path, timeout_s: float) -> tuple[int | None, str, str]:
+    """``cmd``'s exit status (None: past ``timeout_s``), its stdout, and what to say if
+    no figure comes of it (its last stderr line, else its last stdout line, and the log);
+    both streams go to ``out/<name>.log`` (``log_name``)."""
     log = out / log_name(name)
     start = time.perf_counter()
     print(f"  $ {' '.join(cmd)}", file=sys.stderr, flush=True)
@@ -75,25 +76,11 @@ def run(name: str, cmd: list[str], out: Path, timeout_s: float) -> tuple[int | N
         stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         stderr = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
     wall = time.perf_counter() - start
-    errors = [x for x in stderr.strip().splitlines() if x.strip()]
-    LAST_ERROR[name] = errors[-1].strip() if errors else ""
     log.write_text(f"$ {' '.join(cmd)}\n# exit {code}, {wall:.0f} s\n{stdout}\n{stderr}")
-    return code, stdout
-
-
-LAST_ERROR: dict[str, str] = {}
-"""Per check, the last line its command wrote to stderr (the exception, mostly)."""
-
-
-def _why(code: int | None, stdout: str, name: str) -> str:
-    """Why a check's command gave no figure (the last line of its stderr, else of its
-    stdout), and where its whole output is."""
-    log = log_name(name)
     if code is None:
-        return f"timed out; see {log}"
-    lines = [x for x in stdout.strip().splitlines() if x.strip()]
-    last = LAST_ERROR.get(name) or (lines[-1] if lines else "no output")
-    return f"exit {code}: {last}; see {log}"
+        return code, stdout, f"timed out; see {log.name}"
+    last = [x.strip() for x in (stderr.strip() or stdout.strip()).splitlines() if x.strip()]
+    return code, stdout, f"exit {code}: {last[-1] if last else 'no output'}; see {log.name}"
 
 
 # ---- copy floors (run in a child: python check.py --copy-floors GB) ----------------------
@@ -129,13 +116,13 @@ def copy_floors(gb: float) -> dict[str, float]:
 
 
 def check_copy_floors(c: Checks, args, out: Path) -> dict[str, float]:
-    code, stdout = run(
+    code, stdout, why = run(
         "copy floors", [sys.executable, __file__, "--copy-floors", str(args.copy_gb)], out, 120
     )
     try:
         floors = json.loads(stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        c.line("copy floors", False, _why(code, stdout, "copy floors"))
+        c.line("copy floors", False, why)
         return {}
     c.line("copy floors", None, ", ".join(f"{k} {v:.1f} GB/s" for k, v in floors.items()))
     return floors
@@ -146,10 +133,10 @@ def check_switch(c: Checks, args, out: Path, floors: dict) -> None:
     size = "tiny" if args.smoke else "1.5b"
     cmd = [sys.executable, str(BENCH / "cell_switch.py"), "--size", size, "--rounds", "3"]
     cmd += ["--dtype", "float32" if args.smoke else "bfloat16"]
-    code, stdout = run("switch", cmd, out, args.timeout)
+    code, stdout, why = run("switch", cmd, out, args.timeout)
     trip = re.search(r"round trip \(both switches\): ([\d.]+) ms", stdout)
     if not trip:
-        c.line(f"switch round trip ({size})", False, _why(code, stdout, "switch"))
+        c.line(f"switch round trip ({size})", False, why)
         return
     phases = " | ".join(x for x in stdout.splitlines() if x.startswith("-> "))
     s = float(trip.group(1)) / 1e3
@@ -167,12 +154,12 @@ def check_switch(c: Checks, args, out: Path, floors: dict) -> None:
 
 def check_megatron(c: Checks, args, out: Path) -> None:
     cmd = [sys.executable, str(HERE / "megatron_check.py"), "--size", "1.5b"]
-    code, stdout = run("megatron", cmd, out, args.timeout)
+    code, stdout, why = run("megatron", cmd, out, args.timeout)
     found = re.findall(r"^(PASS|FAIL)\s+(.+?): (.*)$", stdout, re.M)
     for status, name, note in found:
         c.line(f"megatron {name}", status == "PASS", note)
     if not found or code not in (0, 1):
-        c.line("megatron_check.py", False, _why(code, stdout, "megatron"))
+        c.line("megatron_check.py", False, why)
 
 
 def check_tree(c: Checks, args, out: Path, model: str | None) -> None:
@@ -181,11 +168,11 @@ def check_tree(c: Checks, args, out: Path, model: str | None) -> None:
     cmd += ["--dtype", "float32" if args.smoke else "bfloat16"]
     if model:
         cmd += ["--model", model]
-    code, stdout = run("tree vs flat", cmd, out, args.timeout)
+    code, stdout, why = run("tree vs flat", cmd, out, args.timeout)
     tokens = dict(re.findall(r"^\s*(tree|flat)\s+(\d+)\s", stdout, re.M))
     speed = re.search(r"speed-up ([\d.]+)x", stdout)
     if not speed or set(tokens) != {"tree", "flat"}:
-        c.line("tree vs flat", False, _why(code, stdout, "tree vs flat"))
+        c.line("tree vs flat", False, why)
         return
     ideal = int(tokens["flat"]) / int(tokens["tree"])
     got = float(speed.group(1))
@@ -209,9 +196,9 @@ def check_train(c: Checks, args, out: Path) -> None:
         name = "gyre train --elastic --cells 2" if elastic else "gyre train"
         folder = out / ("train-elastic" if elastic else "train")
         shutil.rmtree(folder, ignore_errors=True)  # this script's own run from before
-        code, stdout = run(name, _train_cmd(args, folder, elastic), out, args.timeout)
+        code, stdout, why = run(name, _train_cmd(args, folder, elastic), out, args.timeout)
         if code != 0:
-            c.line(name, False, _why(code, stdout, name))
+            c.line(name, False, why)
             continue
         if not elastic:
             c.line(name, True, f"{args.iterations} iterations; {folder}")
@@ -237,11 +224,11 @@ def check_engine(c: Checks, args, out: Path, model: str | None) -> None:
     cmd = [sys.executable, str(BENCH / "engine_throughput.py"), "--json", "--repeats", "2"]
     if model:
         cmd += ["--model-path", model]
-    code, stdout = run("engine", cmd, out, args.timeout)
+    code, stdout, why = run("engine", cmd, out, args.timeout)
     try:
         result = json.loads(stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        c.line("engine tokens/s", False, _why(code, stdout, "engine"))
+        c.line("engine tokens/s", False, why)
         return
     c.line("engine tokens/s", None, json.dumps(result)[:300])
 

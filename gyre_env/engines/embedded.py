@@ -176,7 +176,7 @@ class EmbeddedEngine:
         self._weights_modified = False  # state-dict updates since loading model_path
         self._offloaded: dict | None = None  # those weights, kept on CPU while released
         self._parked = None  # the released model, its weights in host buffers (on CUDA)
-        self._park_on_release = None  # None: on CUDA (set by the first release)
+        self._park_on_release = self.device.type == "cuda"
         self._stash = None  # those buffers (gyre_env.host_stash), reused at every release
         self._cond = threading.Condition()
         self._pending: collections.deque[_Request] = collections.deque()
@@ -729,23 +729,20 @@ class EmbeddedEngine:
         (reloading model_path would lose them), unmodified ones are reloaded on resume."""
         if self._prefix is not None:
             self._prefix.clear()
-        if self._park_on_release is None:
-            self._park_on_release = self.device.type == "cuda"
         if self._park_on_release:
             from gyre_env.host_stash import HostStash, module_slots, park
 
             self._stash = self._stash or HostStash()
             park(self._stash, module_slots("engine", self._model))
             self._parked, self._model = self._model, None
-            if self.device.type == "cuda":
-                self._torch.cuda.empty_cache()
-            self._released = True
-            return
-        if self._weights_modified:
-            self._offloaded = {
-                k: v.detach().to("cpu", copy=True) for k, v in self._model.state_dict().items()
-            }
-        self._swap_model(None)
+        else:
+            if self._weights_modified:
+                self._offloaded = {
+                    k: v.detach().to("cpu", copy=True) for k, v in self._model.state_dict().items()
+                }
+            self._swap_model(None)
+        if self.device.type == "cuda":
+            self._torch.cuda.empty_cache()
         self._released = True
 
     def _swap_model(self, model) -> None:

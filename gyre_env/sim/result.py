@@ -67,7 +67,8 @@ class SimResult:
 
     @property
     def finished_tokens_per_hour(self) -> float:
-        """Tokens per hour of the groups that reached a step, trained or dropped as stale."""
+        """Tokens per hour of the groups that reached a step, trained or lost to the
+        staleness bound."""
         done = self.trained_tokens + self.dropped_tokens
         return done * 3600.0 / self.duration_s if self.duration_s else 0.0
 

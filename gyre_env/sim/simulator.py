@@ -468,9 +468,10 @@ class Simulation:
             tokens += tok  # the step computes every token of the group
             # as the trainer's loss does (trainers.losses.stale_mask): output tokens sampled
             # more than the bound behind it weigh nothing; the rest of the group counts
-            out = sum(int(o.sum()) for _, o in calls)
-            stale = sum(int(o[v < cutoff].sum()) for v, o in calls)
-            dead = sum(1 for v, o in calls if o.sum() and not o[v >= cutoff].sum())
+            out = stale = dead = 0
+            for v, o in calls:  # per episode: its output, and the share sampled too long ago
+                eo, es = int(o.sum()), int(o[v < cutoff].sum())
+                out, stale, dead = out + eo, stale + es, dead + (eo > 0 and es == eo)
             lost = round(tok * stale / out) if out else 0
             self.stats["dropped"] += dead
             self.stats["dropped_tok"] += lost

@@ -21,9 +21,14 @@ def test_smoke_run_parses_every_figure_of_the_scripts_it_drives(tmp_path):
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     lines = proc.stdout.splitlines()
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert any(x.startswith("PASS switch round trip (tiny): ") for x in lines), lines
-    assert any(x.startswith("PASS tree vs flat: ") and "of an ideal" in x for x in lines), lines
+    # a figure parsed is the point, not its verdict: a loaded machine (a parallel test
+    # run) can take the tree's speed-up under its target, and then the exit status is 1
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr[-3000:]
+    figures = [x.split(" ", 1)[1] for x in lines if x[:5] in ("PASS ", "FAIL ")]
+    assert any(
+        x.startswith("switch round trip (tiny): ") and " s; -> TRAINING" in x for x in figures
+    ), lines
+    assert any(x.startswith("tree vs flat: ") and "of an ideal" in x for x in figures), lines
     assert any(x.startswith("INFO engine tokens/s: ") for x in lines), lines
     assert (tmp_path / "switch.log").is_file() and (tmp_path / "tree-vs-flat.log").is_file()
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from gyre_env.trainers.hf_tree import chunked_logprobs, flex_tree_attention
+from gyre_env.trainers.hf_tree import attention_for, chunked_logprobs, flex_tree_attention
 from gyre_env.trainers.tree_attention import TreeBlockLayout, tree_attention
 
 from gyre_env.trajectory.packing import PackedTree
@@ -45,12 +45,12 @@ def attention_mask_for(
     """``[1, 1, n, n]`` bool, True where a query may *not* see a key (megatron's mask
     convention), or a ``TreeLayoutMask`` for trees over ``dense_max_tokens`` (``sparse``:
     the core attention is ``TreeDotProductAttention``; Transformer Engine's takes only a
-    dense mask)."""
-    if len(packed) > dense_max_tokens and sparse:
-        if str(device).startswith("cuda"):
-            return TreeLayoutMask(packed.block_mask(block, device=device))
-        return TreeLayoutMask(TreeBlockLayout(packed.parent_index, block))
-    return ~packed.dense_mask(device)[None, None]
+    dense mask). The structure is the torch backend's (``hf_tree.attention_for``)."""
+    limit = dense_max_tokens if sparse else len(packed)
+    structure = attention_for(packed, device=device, dense_max_tokens=limit, block_size=block)
+    if isinstance(structure, torch.Tensor):
+        return ~structure[None, None]
+    return TreeLayoutMask(structure)
 
 
 def tree_core_attention():
