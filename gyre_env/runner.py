@@ -486,9 +486,9 @@ class Runner:
         result.outcome = str(info.get("outcome") or ("infra_error" if not ctx.done else "failure"))
         if result.outcome == "infra_error" or not result.reward_valid:
             result.outcome, result.reward_valid, result.score = "infra_error", False, None
-            result.message = result.message or str(
-                info.get("error") or info.get("infra_error") or ""
-            )
+            # the grader's reason, not the agent's stop message ("1 steps"), says why
+            why = str(info.get("error") or info.get("infra_error") or "")
+            result.message = why or result.message
             return
         if agent_result.reason == EndReason.AGENT_ERROR and result.outcome == "failure":
             result.outcome = "agent_error"

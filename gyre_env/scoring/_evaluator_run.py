@@ -127,6 +127,11 @@ def main(plan_path: str) -> int:
 
 
 def _refusal(python: str, euid: int) -> str:
+    if not _imports_pytest(python):  # not a permission matter: the grader has no pytest
+        return (
+            f"{python} cannot import pytest, which runs the hidden tests: install it into "
+            f"that interpreter ({python} -m pip install pytest; gyre-env's train extra has it)"
+        )
     if euid != 0:
         return (
             f"the evaluator runs as uid {euid}, not root: it cannot switch to an "
@@ -282,6 +287,17 @@ def _dropper(uid: int):
         os.umask(0o022)
 
     return drop
+
+
+def _imports_pytest(python: str) -> bool:
+    try:
+        proc = subprocess.run(
+            [python, "-I", "-c", "import pytest"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0
 
 
 def _can_run_as(uid: int, python: str, cwd: str) -> bool:

@@ -340,3 +340,18 @@ def test_the_tested_process_holds_no_key(backend, calc_task, tmp_path, monkeypat
     result = grade_workspace(calc_task, ws, _config(backend))
     assert made, "the grader made no keys"
     assert (result.status, result.score, result.passed) == ("ok", 0.25, 1), result.summary()
+
+
+def test_an_interpreter_without_pytest_is_named_as_the_reason_not_permissions(tmp_path):
+    """A virtualenv with gyre-env's extras but no pytest (``pip install gyre-env[proxy]``)
+    made every gold episode of ``gyre train`` an infra error that blamed folder
+    permissions; the evaluator's refusal now says the interpreter cannot import pytest
+    and how to install it."""
+    from gyre_env.scoring._evaluator_run import _refusal
+
+    bare = tmp_path / "bare-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    python = str(bare / "bin" / "python")
+    why = _refusal(python, 0)
+    assert "cannot import pytest" in why and f"{python} -m pip install pytest" in why, why
+    assert "unreadable" in _refusal(sys.executable, 0)  # pytest imports: the uid is why
