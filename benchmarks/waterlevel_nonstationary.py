@@ -2,7 +2,7 @@
 
     python benchmarks/waterlevel_nonstationary.py [CONFIG.toml ...] [--hours 6 24]
         [--seeds 0 1 2] [--peers async static_split colocated dynamic] [--jobs 1]
-        [--cache FILE]
+        [--cache FILE] [--waterlevel NAME=VALUE ...]
 
 For every config (default: the stationary NL2Repo example and the four non-stationary
 ones: curriculum, growing episodes with a burst of short tasks, bursts of short tasks,
@@ -57,7 +57,8 @@ TARGET_CHANGING, TARGET_STATIONARY = 1.2, 1.0
 
 
 def run_one(job: tuple) -> dict:
-    """One simulated run: ``(config path, hours, seed, policy, k or None)``."""
+    """One simulated run: ``(config path, hours, seed, policy, k or None)``; for the
+    waterlevel, ``k`` is its ``--waterlevel`` settings (pairs of name and value) or None."""
     from gyre_env.sim.compare import bound_run, policy_factories
     from gyre_env.sim.config import load_sim_config
     from gyre_env.sim.simulator import simulate
@@ -67,6 +68,10 @@ def run_one(job: tuple) -> dict:
     cfg.duration_s, cfg.seed, cfg.gantt_max_segments = hours * 3600.0, seed, 0
     if name == BOUND:
         r = bound_run(cfg)
+    elif name == "waterlevel":
+        for key, value in k or ():
+            setattr(cfg.policies.waterlevel, key, value)
+        r = simulate(cfg, policy_factories(cfg)[name]())
     else:
         make = policy_factories(cfg)[name]
         r = simulate(cfg, make(k) if k is not None else make())
@@ -84,7 +89,37 @@ def _key(digest: str, hours: float, seed: int, name: str, k) -> str:
     return f"{digest}|{hours:g}|{seed}|{name}|{k}"
 
 
-def plan(configs: list[Path], hours: list[float], seeds: list[int], peers: list[str]):
+def waterlevel_settings(pairs: list[str]) -> tuple | None:
+    """``--waterlevel NAME=VALUE`` pairs, checked against ``[policies.waterlevel]``."""
+    import dataclasses
+
+    from gyre_env.sim.config import WaterlevelParams
+
+    fields = {f.name: f.type for f in dataclasses.fields(WaterlevelParams) if f.name != "enabled"}
+    out = []
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in fields:
+            known = ", ".join(sorted(fields))
+            raise SystemExit(f"--waterlevel {pair!r}: expected NAME=VALUE with NAME one of {known}")
+        try:
+            out.append((name, int(value) if fields[name] in (int, "int") else float(value)))
+        except ValueError:
+            raise SystemExit(f"--waterlevel {pair!r}: {value!r} is not a number") from None
+    try:
+        WaterlevelParams(**dict(out))  # its own checks (>= 0, ...)
+    except ValueError as e:
+        raise SystemExit(f"--waterlevel: {e}") from None
+    return tuple(out) or None
+
+
+def plan(
+    configs: list[Path],
+    hours: list[float],
+    seeds: list[int],
+    peers: list[str],
+    waterlevel: tuple | None = None,
+):
     """Every run to make, and each config's file digest (the cache key)."""
     from gyre_env.sim.compare import SPLIT_POLICIES, k_grid, policy_factories
     from gyre_env.sim.config import load_sim_config
@@ -103,7 +138,7 @@ def plan(configs: list[Path], hours: list[float], seeds: list[int], peers: list[
         }
         for h in hours:
             for seed in seeds:
-                jobs.append((str(path), h, seed, "waterlevel", None))
+                jobs.append((str(path), h, seed, "waterlevel", waterlevel))
                 jobs.append((str(path), h, seed, BOUND, None))
                 for name in peers:
                     if name not in enabled:
@@ -124,13 +159,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (processes)")
     parser.add_argument("--cache", type=Path, default=None, help="peer results kept here")
+    parser.add_argument(
+        "--waterlevel",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a [policies.waterlevel] setting for every workload (repeatable)",
+    )
     args = parser.parse_args(argv)
     for path in args.configs:
         if not path.is_file():
             parser.error(f"no config file at {path}")
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
-    jobs, digests, stationary = plan(args.configs, args.hours, args.seeds, args.peers)
+    settings = waterlevel_settings(args.waterlevel)
+    jobs, digests, stationary = plan(args.configs, args.hours, args.seeds, args.peers, settings)
     cache = json.loads(args.cache.read_text()) if args.cache and args.cache.is_file() else {}
     keys = [_key(digests[j[0]], *j[1:]) for j in jobs]
     todo = [

@@ -97,6 +97,9 @@ def policy_factories(cfg: SimConfig) -> dict[str, Callable[..., object]]:
             hold_round_trips=w.hold_round_trips,
             spare_stale_steps=w.spare_stale_steps,
             spare_stale_share=w.spare_stale_share,
+            admit_ahead_batches=w.admit_ahead_batches,
+            admit_ahead_room=w.admit_ahead_room,
+            admit_ahead_stale_share=w.admit_ahead_stale_share,
         )
     return out
 

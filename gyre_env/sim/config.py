@@ -244,6 +244,9 @@ class WaterlevelParams:
     hold_round_trips: float = 30.0
     spare_stale_steps: float = 1.0
     spare_stale_share: float = 0.5
+    admit_ahead_batches: int = 0
+    admit_ahead_room: float = 0.75
+    admit_ahead_stale_share: float = 0.25
 
     def __post_init__(self) -> None:
         numbers = {k: v for k, v in vars(self).items() if k != "enabled"}

@@ -444,6 +444,24 @@ def test_waterlevel_waits_for_groups_at_the_staleness_bound_only_when_they_finis
     assert primed(off).decide(_obs(**ready, running_lags=(0, 0, 2, 0))).train_groups == 2
 
 
+def test_waterlevel_admits_ahead_of_the_staleness_window_only_while_the_cluster_has_room():
+    """``admit_ahead_batches``: once the window (``(version + bound + 1)`` batches) is
+    full, one more batch is admitted while no call queues, the calls fill at most
+    ``admit_ahead_room`` of the slots and few running groups sit at the bound; off by
+    default."""
+    full = dict(groups_started=6, waterlevel=4)  # version 0, bound 2, batch 2: window 6
+    assert WaterlevelPolicy().admits(_obs(**full)) == 0
+    ahead = WaterlevelPolicy(admit_ahead_batches=1)
+    assert ahead.admits(_obs(**full)) == 2
+    assert ahead.admits(_obs(**{**full, "groups_started": 7})) == 1
+    assert ahead.admits(_obs(**{**full, "groups_started": 3})) == 3  # the window's own first
+    assert ahead.admits(_obs(**full, queue=1)) == 0  # calls wait for a slot
+    assert ahead.admits(_obs(**{**full, "waterlevel": 25})) == 0  # 25 of 32 slots > 0.75
+    assert ahead.admits(_obs(**full, running_lags=(2, 1, 0, 0))) == 2  # none at the bound
+    assert ahead.admits(_obs(**full, running_lags=(1, 1, 1, 0))) == 0  # 1 > 0.25 x 2
+    assert WaterlevelPolicy(admit_ahead_batches=2).admits(_obs(**full)) == 4
+
+
 def test_waterlevel_settings_out_of_range_are_refused_by_name():
     from gyre_env.config import ConfigError, from_dict
     from gyre_env.sim.config import WaterlevelParams
