@@ -55,10 +55,14 @@ INPUT_MODES = ("fixed", "drawn")
 test file is shared with every task of that operation and argument kind); ``drawn``: each
 task draws its own inputs from a generator seeded by the task, so no two tasks share a
 hidden-test file and an output remembered from another task does not pass."""
-PHRASING_MODES = ("all", "words")
+PHRASING_MODES = ("all", "words", "coined")
 """``all``: every phrasing of a template, one of which states the returned expression
 (``define solve(msg) returning msg.upper()``); ``words``: only the phrasings that describe
-the operation in words, none of which contains the gold expression."""
+the operation in words, none of which contains the gold expression; ``coined``: those, and
+one more per template that names the operation by a word coined for it (``returns the
+vobek of msg``, :func:`coined_word`). No task of the coined phrasing carries gold, in any
+split: what the word means is shown only by the grade of an attempt, so only RL's own
+attempts can learn it."""
 
 _DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _ARGS = {
@@ -626,11 +630,59 @@ def word_phrasings(t: Template) -> tuple[int, ...]:
     )
 
 
+def coined_word(t: Template) -> str:
+    """The made-up word the ``coined`` phrasing names ``t``'s operation by: five letters,
+    consonant-vowel alternating, drawn from a digest of the template's key; distinct for
+    every template and no argument name."""
+    return _coined_words()[t.key]
+
+
+@functools.cache
+def _coined_words() -> dict[str, str]:
+    consonants, vowels = "bdfgklmnprstvz", "aeiou"
+    names = {a for pool in (*_ARGS.values(), *_WIDE_ARGS.values()) for a in pool}
+    out: dict[str, str] = {}
+    for t in TEMPLATES:
+        for salt in range(100):
+            h = int(_digest(f"nano-coined|{t.key}|{salt}"), 16)
+            word = ""
+            for i in range(5):
+                pool = vowels if i % 2 else consonants
+                word += pool[h % len(pool)]
+                h //= len(pool)
+            if word not in names and word not in out.values():
+                out[t.key] = word
+                break
+    return out
+
+
+def phrasing_indices(t: Template, phrasings: str) -> tuple[int, ...]:
+    """``t``'s phrasings in a ``PHRASING_MODES`` mode, as indices; the coined one is
+    ``len(t.phrasings)`` (see :func:`phrasing_text`)."""
+    if phrasings == "all":
+        return tuple(range(len(t.phrasings)))
+    coined = (len(t.phrasings),) if phrasings == "coined" else ()
+    return word_phrasings(t) + coined
+
+
+def is_coined(t: Template, phrasing: int) -> bool:
+    return phrasing == len(t.phrasings)
+
+
+def phrasing_text(t: Template, phrasing: int) -> str:
+    """The spec sentence of ``t``'s ``phrasing`` (with ``{sig}``, ``{a}``, ... unfilled)."""
+    if not is_coined(t, phrasing):
+        return t.phrasings[phrasing]
+    of = "{a} and {b}" if t.kind == "pair" else "{a}"
+    with_k = " with {k}" if "{k}" in t.body else ""
+    return f"{_W} the {coined_word(t)} of {of}{with_k}."
+
+
 def _template_variants(
     t: Template, names: str = "varied", arg_names: str = "standard", phrasings: str = "all"
 ) -> list[Variant]:
     arg_pool = _ARGS[t.kind] + (_WIDE_ARGS[t.kind] if arg_names == "wide" else ())
-    wording = range(len(t.phrasings)) if phrasings == "all" else word_phrasings(t)
+    wording = phrasing_indices(t, phrasings)
     out = []
     for const in t.consts:
         word = _DIGITS[const] if isinstance(const, int) else const
@@ -687,7 +739,7 @@ def render(v: Variant) -> dict[str, str]:
     names = [a.strip() for a in v.args.split(",")]
     fill = {"a": names[0], "b": names[-1], "k": "" if v.const is None else v.const}
     sig = f"{v.name}({v.args})"
-    spec = t.phrasings[v.phrasing].format(sig=sig, f=v.name, **fill)
+    spec = phrasing_text(t, v.phrasing).format(sig=sig, f=v.name, **fill)
     gold = f"def {sig}:\n    return {t.body.format(**fill)}\n"
     scope: dict = {}
     exec(gold, scope)  # our own one-line gold: the expected values come from it
@@ -820,11 +872,7 @@ def sample_variants(
             kept_of_kind[t.kind] += 1
     for v in all_variants(names, arg_names, phrasings):
         if v.template.key in keep and in_split(v.key, split, holdout):
-            wording = (
-                range(len(v.template.phrasings))
-                if phrasings == "all"
-                else word_phrasings(v.template)
-            )
+            wording = phrasing_indices(v.template, phrasings)
             index = gold_phrasing
             if gold_phrasing == "alternate":
                 index = nth[v.template.key] % len(wording)
@@ -834,6 +882,7 @@ def sample_variants(
                     f"phrasings of {v.template.key!r}"
                 )
             gold = v.template.key in with_gold and (index is None or v.phrasing == wording[index])
+            gold = gold and not is_coined(v.template, v.phrasing)  # shown only by grades
             v = dataclasses.replace(v, drawn=inputs == "drawn", gold=gold)
             pools.setdefault(v.template.key, []).append(v)
     for pool in pools.values():

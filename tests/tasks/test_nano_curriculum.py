@@ -190,3 +190,35 @@ def test_no_learning_baselines_are_graded_on_the_tasks(tmp_path):
     assert re.fullmatch(
         r"def solve\(\w+\):\n    return .+\n", answer(held[0], template_of(held[0]))
     )
+
+
+def test_a_coined_word_is_shown_by_grades_alone():
+    """``phrasings="coined"``: one more phrasing per operation names it by a word made up
+    for it. No task of that phrasing carries gold, in any split; the training split has
+    such tasks for every operation (RL's attempts can learn the word) and held-out has
+    them with its own names; the word is distinct per operation, no argument name, and no
+    spec of it states the answer."""
+    from gyre_env.tasks.nano import coined_word, is_coined, phrasing_text
+
+    kw = {**KW, "phrasings": "coined"}
+    words = [coined_word(t) for t in TEMPLATES]
+    assert len(set(words)) == len(TEMPLATES) and all(re.fullmatch(r"[a-z]{5}", w) for w in words)
+    for split in ("train", "heldout", "validation"):
+        variants = sample_variants(split, None, 0, **kw)
+        coined = [v for v in variants if is_coined(v.template, v.phrasing)]
+        assert {v.template.key for v in coined} == ALL_OPS, split
+        assert not any(v.gold for v in coined), split
+        for v in coined:
+            files = render(v)
+            spec, names = files["spec.md"], [a.strip() for a in v.args.split(",")]
+            assert coined_word(v.template) in spec and "gold/solution.py" not in files
+            k = "" if v.const is None else v.const
+            assert v.template.body.format(a=names[0], b=names[-1], k=k) not in spec
+    # the words mode is untouched: the same tasks as without the coined phrasing
+    words_only = {v.task_id for v in sample_variants("train", None, 0, **KW)}
+    with_coined = sample_variants("train", None, 0, **kw)
+    assert words_only == {v.task_id for v in with_coined if not is_coined(v.template, v.phrasing)}
+    upper = next(t for t in TEMPLATES if t.key == "upper")
+    assert phrasing_text(upper, len(upper.phrasings)).endswith(
+        f"the {coined_word(upper)} of {{a}}."
+    )
