@@ -63,7 +63,7 @@ def load_tasks_from_args(args, prog: str = "gyre tasks") -> list:
             by_id = {t.id: t for t in tasks}
             # get_task only for a missing id: it raises with a did-you-mean hint
             tasks = [by_id.get(i) or get_task(i, args.suite, **options) for i in wanted]
-    except (UnknownNameError, TaskFormatError, TypeError) as e:
+    except (UnknownNameError, TaskFormatError, TypeError, ValueError) as e:  # bad -o values too
         raise SystemExit(f"{prog}: error: {e}") from e
     if args.tier:
         tasks = [t for t in tasks if t.tier == args.tier]

@@ -39,6 +39,9 @@ def test_unknown_suite_and_bad_option():
         gyre("tasks", "list", "--suite", "bultin")
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         gyre("tasks", "list", "-o", "novalue")
+    # a value the loader refuses: one line naming it, no traceback
+    with pytest.raises(SystemExit, match=r"error: phrasings must be one of .*'cooked'"):
+        gyre("tasks", "list", "--suite", "nano", "-o", "phrasings=cooked")
 
 
 def test_list_nl2repo_checkout_with_options(checkout, tmp_path, capsys):
