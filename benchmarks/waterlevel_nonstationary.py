@@ -66,12 +66,12 @@ def run_one(job: tuple) -> dict:
     path, hours, seed, name, k = job
     cfg = load_sim_config(path)
     cfg.duration_s, cfg.seed, cfg.gantt_max_segments = hours * 3600.0, seed, 0
-    if name == BOUND:
-        r = bound_run(cfg)
-    elif name == "waterlevel":
+    if name == "waterlevel":  # k: its settings, not a split
         for key, value in k or ():
             setattr(cfg.policies.waterlevel, key, value)
-        r = simulate(cfg, policy_factories(cfg)[name]())
+        k = None
+    if name == BOUND:
+        r = bound_run(cfg)
     else:
         make = policy_factories(cfg)[name]
         r = simulate(cfg, make(k) if k is not None else make())
@@ -90,27 +90,29 @@ def _key(digest: str, hours: float, seed: int, name: str, k) -> str:
 
 
 def waterlevel_settings(pairs: list[str]) -> tuple | None:
-    """``--waterlevel NAME=VALUE`` pairs, checked against ``[policies.waterlevel]``."""
-    import dataclasses
+    """``--waterlevel NAME=VALUE`` pairs (each value read as TOML, as ``gyre train --set``
+    reads one), checked as a ``[policies.waterlevel]`` table is."""
+    import tomllib
 
+    from gyre_env.config import ConfigError, from_dict
     from gyre_env.sim.config import WaterlevelParams
 
-    fields = {f.name: f.type for f in dataclasses.fields(WaterlevelParams) if f.name != "enabled"}
-    out = []
+    table = {}
     for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or name not in fields:
-            known = ", ".join(sorted(fields))
-            raise SystemExit(f"--waterlevel {pair!r}: expected NAME=VALUE with NAME one of {known}")
+        name, sep, raw = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--waterlevel {pair!r}: expected NAME=VALUE")
         try:
-            out.append((name, int(value) if fields[name] in (int, "int") else float(value)))
-        except ValueError:
-            raise SystemExit(f"--waterlevel {pair!r}: {value!r} is not a number") from None
+            table[name] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            table[name] = raw  # from_dict names the field and the type it wants
+    if "enabled" in table:
+        raise SystemExit("--waterlevel enabled: the benchmark always runs the waterlevel")
     try:
-        WaterlevelParams(**dict(out))  # its own checks (>= 0, ...)
-    except ValueError as e:
+        params = from_dict(WaterlevelParams, table, "policies.waterlevel")
+    except ConfigError as e:
         raise SystemExit(f"--waterlevel: {e}") from None
-    return tuple(out) or None
+    return tuple((name, getattr(params, name)) for name in table) or None
 
 
 def plan(

@@ -283,7 +283,7 @@ class WaterlevelPolicy:
     admit_ahead_batches: int = 0
     """Batches admitted beyond the staleness window (``admits``) while the cluster has
     room for the work: no call queues, the calls in flight fill at most
-    ``admit_ahead_room`` of every cell's slots, and fewer than ``admit_ahead_stale_share``
+    ``admit_ahead_room`` of every cell's slots, and at most ``admit_ahead_stale_share``
     of a batch of running groups sit at or past the bound. 0 (the default): the window
     alone. In the simulator one batch trained 9-10% (slow sandbox pool) and 2-3% (growing
     episodes) more tokens over seeds 0-2 and moved the other loads by -1% to +4%, with

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from gyre_env.scheduler.peers import (
     AsyncStalenessPolicy,
@@ -89,17 +89,9 @@ def policy_factories(cfg: SimConfig) -> dict[str, Callable[..., object]]:
         )
     if p.waterlevel.enabled:
         w = p.waterlevel
+        # every [policies.waterlevel] setting is the policy's field of the same name
         out["waterlevel"] = lambda: WaterlevelPolicy(
-            min_rollout_cells=w.min_rollout_cells,
-            gain_margin=w.gain_margin,
-            min_dwell_factor=w.min_dwell_factor,
-            max_batch_growth=w.max_batch_growth,
-            hold_round_trips=w.hold_round_trips,
-            spare_stale_steps=w.spare_stale_steps,
-            spare_stale_share=w.spare_stale_share,
-            admit_ahead_batches=w.admit_ahead_batches,
-            admit_ahead_room=w.admit_ahead_room,
-            admit_ahead_stale_share=w.admit_ahead_stale_share,
+            **{f.name: getattr(w, f.name) for f in fields(w) if f.name != "enabled"}
         )
     return out
 

@@ -653,6 +653,8 @@ def _coined_words() -> dict[str, str]:
             if word not in names and word not in out.values():
                 out[t.key] = word
                 break
+        else:
+            raise AssertionError(f"no coined word free for template {t.key!r}")
     return out
 
 
@@ -666,6 +668,7 @@ def phrasing_indices(t: Template, phrasings: str) -> tuple[int, ...]:
 
 
 def is_coined(t: Template, phrasing: int) -> bool:
+    """Whether ``phrasing`` is ``t``'s coined one (the index past its own phrasings)."""
     return phrasing == len(t.phrasings)
 
 
