@@ -55,14 +55,20 @@ INPUT_MODES = ("fixed", "drawn")
 test file is shared with every task of that operation and argument kind); ``drawn``: each
 task draws its own inputs from a generator seeded by the task, so no two tasks share a
 hidden-test file and an output remembered from another task does not pass."""
-PHRASING_MODES = ("all", "words", "coined")
+PHRASING_MODES = ("all", "words", "coined", "decoys")
 """``all``: every phrasing of a template, one of which states the returned expression
 (``define solve(msg) returning msg.upper()``); ``words``: only the phrasings that describe
 the operation in words, none of which contains the gold expression; ``coined``: those, and
 one more per template that names the operation by a word coined for it (``returns the
 vobek of msg``, :func:`coined_word`). No task of the coined phrasing carries gold, in any
 split: what the word means is shown only by the grade of an attempt, so only RL's own
-attempts can learn it."""
+attempts can learn it. ``decoys``: those, and ``DECOYS`` more per template that name the
+operation by other made-up words (:func:`decoy_words`), with gold, in the training split
+only (``train`` and ``fit``). Gold then shows that a made-up word names an operation of
+the argument's kind, so a model meets the coined word, which no gold shows, with a guess
+among those operations rather than with text it has never seen."""
+DECOYS = 3
+"""Decoy words per template in the ``decoys`` phrasing mode."""
 
 _DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _ARGS = {
@@ -637,34 +643,50 @@ def coined_word(t: Template) -> str:
     return _coined_words()[t.key]
 
 
-@functools.cache
+def decoy_words(t: Template) -> tuple[str, ...]:
+    """The ``DECOYS`` made-up words the ``decoys`` phrasings name ``t``'s operation by
+    (with gold, in training only); made like :func:`coined_word`, distinct from every
+    coined word, every other decoy and every argument name."""
+    return _made_up_words()[1][t.key]
+
+
 def _coined_words() -> dict[str, str]:
+    return _made_up_words()[0]
+
+
+@functools.cache
+def _made_up_words() -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
     consonants, vowels = "bdfgklmnprstvz", "aeiou"
-    names = {a for pool in (*_ARGS.values(), *_WIDE_ARGS.values()) for a in pool}
-    out: dict[str, str] = {}
-    for t in TEMPLATES:
+    taken = {a for pool in (*_ARGS.values(), *_WIDE_ARGS.values()) for a in pool}
+
+    def draw(tag: str) -> str:
         for salt in range(100):
-            h = int(_digest(f"nano-coined|{t.key}|{salt}"), 16)
+            h = int(_digest(f"{tag}|{salt}"), 16)
             word = ""
             for i in range(5):
                 pool = vowels if i % 2 else consonants
                 word += pool[h % len(pool)]
                 h //= len(pool)
-            if word not in names and word not in out.values():
-                out[t.key] = word
-                break
-        else:
-            raise AssertionError(f"no coined word free for template {t.key!r}")
-    return out
+            if word not in taken:
+                taken.add(word)
+                return word
+        raise AssertionError(f"no made-up word free for {tag!r}")
+
+    coined = {t.key: draw(f"nano-coined|{t.key}") for t in TEMPLATES}
+    decoys = {
+        t.key: tuple(draw(f"nano-decoy|{t.key}|{i}") for i in range(DECOYS)) for t in TEMPLATES
+    }
+    return coined, decoys
 
 
 def phrasing_indices(t: Template, phrasings: str) -> tuple[int, ...]:
     """``t``'s phrasings in a ``PHRASING_MODES`` mode, as indices; the coined one is
-    ``len(t.phrasings)`` (see :func:`phrasing_text`)."""
+    ``len(t.phrasings)``, the decoys the ``DECOYS`` after it (see :func:`phrasing_text`)."""
     if phrasings == "all":
         return tuple(range(len(t.phrasings)))
-    coined = (len(t.phrasings),) if phrasings == "coined" else ()
-    return word_phrasings(t) + coined
+    n = len(t.phrasings)
+    made_up = {"words": (), "coined": (n,), "decoys": tuple(range(n, n + 1 + DECOYS))}
+    return word_phrasings(t) + made_up[phrasings]
 
 
 def is_coined(t: Template, phrasing: int) -> bool:
@@ -672,13 +694,20 @@ def is_coined(t: Template, phrasing: int) -> bool:
     return phrasing == len(t.phrasings)
 
 
+def is_decoy(t: Template, phrasing: int) -> bool:
+    """Whether ``phrasing`` is one of ``t``'s decoys (past its coined one)."""
+    return phrasing > len(t.phrasings)
+
+
 def phrasing_text(t: Template, phrasing: int) -> str:
     """The spec sentence of ``t``'s ``phrasing`` (with ``{sig}``, ``{a}``, ... unfilled)."""
-    if not is_coined(t, phrasing):
+    n = len(t.phrasings)
+    if phrasing < n:
         return t.phrasings[phrasing]
+    word = coined_word(t) if phrasing == n else decoy_words(t)[phrasing - n - 1]
     of = "{a} and {b}" if t.kind == "pair" else "{a}"
     with_k = " with {k}" if "{k}" in t.body else ""
-    return f"{_W} the {coined_word(t)} of {of}{with_k}."
+    return f"{_W} the {word} of {of}{with_k}."
 
 
 def _template_variants(
@@ -875,6 +904,8 @@ def sample_variants(
             kept_of_kind[t.kind] += 1
     for v in all_variants(names, arg_names, phrasings):
         if v.template.key in keep and in_split(v.key, split, holdout):
+            if is_decoy(v.template, v.phrasing) and split not in ("train", "fit"):
+                continue  # decoys teach in training; held-out and validation never show them
             wording = phrasing_indices(v.template, phrasings)
             index = gold_phrasing
             if gold_phrasing == "alternate":

@@ -222,3 +222,43 @@ def test_a_coined_word_is_shown_by_grades_alone():
     assert phrasing_text(upper, len(upper.phrasings)).endswith(
         f"the {coined_word(upper)} of {{a}}."
     )
+
+
+def test_decoy_words_teach_in_training_only_and_never_the_coined_word():
+    """``phrasings="decoys"``: the coined phrasing as before, and ``DECOYS`` more per
+    operation naming it by other made-up words, with gold, in ``train`` and ``fit`` only.
+    Held-out and validation are the coined mode's tasks exactly; the coined word still has
+    no gold anywhere, and no decoy is a coined word or an argument name."""
+    from gyre_env.tasks.nano import (
+        _ARGS,
+        _WIDE_ARGS,
+        DECOYS,
+        coined_word,
+        decoy_words,
+        is_coined,
+        is_decoy,
+    )
+
+    coined = {coined_word(t) for t in TEMPLATES}
+    decoys = [w for t in TEMPLATES for w in decoy_words(t)]
+    args = {a for pool in (*_ARGS.values(), *_WIDE_ARGS.values()) for a in pool}
+    assert len(set(decoys)) == len(decoys) == DECOYS * len(TEMPLATES)
+    assert not (set(decoys) & coined) and not (set(decoys) & args)
+    assert all(re.fullmatch(r"[a-z]{5}", w) for w in decoys)
+    kw = {**KW, "phrasings": "decoys"}
+    for split in ("heldout", "validation"):
+        with_decoys = {v.task_id for v in sample_variants(split, None, 0, **kw)}
+        coined_mode = {
+            v.task_id for v in sample_variants(split, None, 0, **{**KW, "phrasings": "coined"})
+        }
+        assert with_decoys == coined_mode, split
+    for split in ("train", "fit"):
+        variants = sample_variants(split, None, 0, **kw)
+        shown = [v for v in variants if is_decoy(v.template, v.phrasing)]
+        assert {v.template.key for v in shown} == ALL_OPS, split
+        assert all(v.gold for v in shown), split
+        assert not any(v.gold for v in variants if is_coined(v.template, v.phrasing)), split
+        for v in shown[:40]:
+            spec = render(v)["spec.md"]
+            assert any(f"the {w} of" in spec for w in decoy_words(v.template)), spec
+            assert not any(w in spec for w in coined), spec
