@@ -55,7 +55,7 @@ INPUT_MODES = ("fixed", "drawn")
 test file is shared with every task of that operation and argument kind); ``drawn``: each
 task draws its own inputs from a generator seeded by the task, so no two tasks share a
 hidden-test file and an output remembered from another task does not pass."""
-PHRASING_MODES = ("all", "words", "coined", "decoys")
+PHRASING_MODES = ("all", "words", "coined", "decoys", "vague")
 """``all``: every phrasing of a template, one of which states the returned expression
 (``define solve(msg) returning msg.upper()``); ``words``: only the phrasings that describe
 the operation in words, none of which contains the gold expression; ``coined``: those, and
@@ -66,9 +66,13 @@ attempts can learn it. ``decoys``: those, and ``DECOYS`` more per template that 
 operation by other made-up words (:func:`decoy_words`), with gold, in the training split
 only (``train`` and ``fit``). Gold then shows that a made-up word names an operation of
 the argument's kind, so a model meets the coined word, which no gold shows, with a guess
-among those operations rather than with text it has never seen."""
+among those operations rather than with text it has never seen. ``vague``: as ``decoys``,
+but the decoy words belong to the argument's kind, not to one operation
+(:func:`vague_words`): each names every operation of that kind in some gold task, so gold
+shows that such a word alone does not tell which, and a model meets the coined word with
+its guesses spread over the kind's operations."""
 DECOYS = 3
-"""Decoy words per template in the ``decoys`` phrasing mode."""
+"""Decoy words per template (``decoys``) or per argument kind (``vague``)."""
 
 _DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _ARGS = {
@@ -650,12 +654,20 @@ def decoy_words(t: Template) -> tuple[str, ...]:
     return _made_up_words()[1][t.key]
 
 
+def vague_words(kind: str) -> tuple[str, ...]:
+    """The ``DECOYS`` made-up words the ``vague`` phrasings use for every operation of
+    argument ``kind``; distinct from every coined word, decoy and argument name."""
+    return _made_up_words()[2][kind]
+
+
 def _coined_words() -> dict[str, str]:
     return _made_up_words()[0]
 
 
 @functools.cache
-def _made_up_words() -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+def _made_up_words() -> tuple[
+    dict[str, str], dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]
+]:
     consonants, vowels = "bdfgklmnprstvz", "aeiou"
     taken = {a for pool in (*_ARGS.values(), *_WIDE_ARGS.values()) for a in pool}
 
@@ -676,17 +688,22 @@ def _made_up_words() -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
     decoys = {
         t.key: tuple(draw(f"nano-decoy|{t.key}|{i}") for i in range(DECOYS)) for t in TEMPLATES
     }
-    return coined, decoys
+    kinds = dict.fromkeys(t.kind for t in TEMPLATES)
+    vague = {k: tuple(draw(f"nano-vague|{k}|{i}") for i in range(DECOYS)) for k in kinds}
+    return coined, decoys, vague
 
 
 def phrasing_indices(t: Template, phrasings: str) -> tuple[int, ...]:
     """``t``'s phrasings in a ``PHRASING_MODES`` mode, as indices; the coined one is
-    ``len(t.phrasings)``, the decoys the ``DECOYS`` after it (see :func:`phrasing_text`)."""
+    ``len(t.phrasings)``, the decoys the ``DECOYS`` after it, the vague words the
+    ``DECOYS`` after those (see :func:`phrasing_text`)."""
     if phrasings == "all":
         return tuple(range(len(t.phrasings)))
     n = len(t.phrasings)
-    made_up = {"words": (), "coined": (n,), "decoys": tuple(range(n, n + 1 + DECOYS))}
-    return word_phrasings(t) + made_up[phrasings]
+    if phrasings in ("words", "coined"):
+        return word_phrasings(t) + ((n,) if phrasings == "coined" else ())
+    first = n + 1 if phrasings == "decoys" else n + 1 + DECOYS
+    return (*word_phrasings(t), n, *range(first, first + DECOYS))
 
 
 def is_coined(t: Template, phrasing: int) -> bool:
@@ -695,7 +712,7 @@ def is_coined(t: Template, phrasing: int) -> bool:
 
 
 def is_decoy(t: Template, phrasing: int) -> bool:
-    """Whether ``phrasing`` is one of ``t``'s decoys (past its coined one)."""
+    """Whether ``phrasing`` is one of ``t``'s decoys or vague words (past its coined one)."""
     return phrasing > len(t.phrasings)
 
 
@@ -704,7 +721,12 @@ def phrasing_text(t: Template, phrasing: int) -> str:
     n = len(t.phrasings)
     if phrasing < n:
         return t.phrasings[phrasing]
-    word = coined_word(t) if phrasing == n else decoy_words(t)[phrasing - n - 1]
+    if phrasing == n:
+        word = coined_word(t)
+    elif phrasing <= n + DECOYS:
+        word = decoy_words(t)[phrasing - n - 1]
+    else:
+        word = vague_words(t.kind)[phrasing - n - 1 - DECOYS]
     of = "{a} and {b}" if t.kind == "pair" else "{a}"
     with_k = " with {k}" if "{k}" in t.body else ""
     return f"{_W} the {word} of {of}{with_k}."

@@ -4,6 +4,7 @@ learning claim rests on is checked here on the preset's own task options."""
 
 from __future__ import annotations
 
+import collections
 import re
 
 import pytest
@@ -224,11 +225,14 @@ def test_a_coined_word_is_shown_by_grades_alone():
     )
 
 
-def test_decoy_words_teach_in_training_only_and_never_the_coined_word():
+@pytest.mark.parametrize("mode", ["decoys", "vague"])
+def test_decoy_words_teach_in_training_only_and_never_the_coined_word(mode):
     """``phrasings="decoys"``: the coined phrasing as before, and ``DECOYS`` more per
-    operation naming it by other made-up words, with gold, in ``train`` and ``fit`` only.
-    Held-out and validation are the coined mode's tasks exactly; the coined word still has
-    no gold anywhere, and no decoy is a coined word or an argument name."""
+    operation naming it by other made-up words, with gold, in ``train`` and ``fit`` only;
+    ``"vague"``: the same with words per argument kind, each naming every operation of the
+    kind in some gold task. Held-out and validation are the coined mode's tasks exactly;
+    the coined word still has no gold anywhere, and no decoy is a coined word or an
+    argument name."""
     from gyre_env.tasks.nano import (
         _ARGS,
         _WIDE_ARGS,
@@ -237,15 +241,19 @@ def test_decoy_words_teach_in_training_only_and_never_the_coined_word():
         decoy_words,
         is_coined,
         is_decoy,
+        vague_words,
     )
 
     coined = {coined_word(t) for t in TEMPLATES}
+    kinds = sorted({t.kind for t in TEMPLATES})
     decoys = [w for t in TEMPLATES for w in decoy_words(t)]
+    decoys += [w for k in kinds for w in vague_words(k)]
     args = {a for pool in (*_ARGS.values(), *_WIDE_ARGS.values()) for a in pool}
-    assert len(set(decoys)) == len(decoys) == DECOYS * len(TEMPLATES)
+    assert len(set(decoys)) == len(decoys) == DECOYS * (len(TEMPLATES) + len(kinds))
     assert not (set(decoys) & coined) and not (set(decoys) & args)
     assert all(re.fullmatch(r"[a-z]{5}", w) for w in decoys)
-    kw = {**KW, "phrasings": "decoys"}
+    kw = {**KW, "phrasings": mode}
+    words = {t.key: vague_words(t.kind) if mode == "vague" else decoy_words(t) for t in TEMPLATES}
     for split in ("heldout", "validation"):
         with_decoys = {v.task_id for v in sample_variants(split, None, 0, **kw)}
         coined_mode = {
@@ -258,7 +266,15 @@ def test_decoy_words_teach_in_training_only_and_never_the_coined_word():
         assert {v.template.key for v in shown} == ALL_OPS, split
         assert all(v.gold for v in shown), split
         assert not any(v.gold for v in variants if is_coined(v.template, v.phrasing)), split
-        for v in shown[:40]:
+        named = collections.defaultdict(set)  # word -> the operations it names in gold
+        for v in shown:
             spec = render(v)["spec.md"]
-            assert any(f"the {w} of" in spec for w in decoy_words(v.template)), spec
+            word = next(w for w in words[v.template.key] if f"the {w} of" in spec)
             assert not any(w in spec for w in coined), spec
+            named[word].add(v.template.key)
+        for word, ops in named.items():
+            if mode == "decoys":
+                assert len(ops) == 1, (split, word, ops)
+                continue
+            kind = next(t.kind for t in TEMPLATES if t.key in ops)
+            assert ops == {t.key for t in TEMPLATES if t.kind == kind} & ALL_OPS, (split, word)
