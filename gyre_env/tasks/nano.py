@@ -655,9 +655,22 @@ def decoy_words(t: Template) -> tuple[str, ...]:
 
 
 def vague_words(kind: str) -> tuple[str, ...]:
-    """The ``DECOYS`` made-up words the ``vague`` phrasings use for every operation of
-    argument ``kind``; distinct from every coined word, decoy and argument name."""
+    """The made-up words the ``vague`` phrasings use for the operations of argument
+    ``kind``: ``DECOYS`` per template of that kind, distinct from every coined word, decoy
+    and argument name (see :func:`vague_word`)."""
     return _made_up_words()[2][kind]
+
+
+def vague_word(t: Template, args: str, j: int) -> str:
+    """The word of ``t``'s ``j``-th vague phrasing with arguments ``args``. Over argument
+    names a word names every operation of the kind (the operation's rank among its kind's
+    templates plus the argument's rank among the kind's names, modulo the templates); for
+    one argument name each (operation, phrasing) has its own word, so no two tasks share a
+    spec and ask for different code."""
+    same = [u.key for u in TEMPLATES if u.kind == t.kind]
+    pool = _ARGS[t.kind] + _WIDE_ARGS[t.kind]
+    shift = (same.index(t.key) + pool.index(args)) % len(same)
+    return vague_words(t.kind)[shift * DECOYS + j]
 
 
 def _coined_words() -> dict[str, str]:
@@ -689,7 +702,10 @@ def _made_up_words() -> tuple[
         t.key: tuple(draw(f"nano-decoy|{t.key}|{i}") for i in range(DECOYS)) for t in TEMPLATES
     }
     kinds = dict.fromkeys(t.kind for t in TEMPLATES)
-    vague = {k: tuple(draw(f"nano-vague|{k}|{i}") for i in range(DECOYS)) for k in kinds}
+    per_kind = collections.Counter(t.kind for t in TEMPLATES)
+    vague = {
+        k: tuple(draw(f"nano-vague|{k}|{i}") for i in range(DECOYS * per_kind[k])) for k in kinds
+    }
     return coined, decoys, vague
 
 
@@ -716,8 +732,9 @@ def is_decoy(t: Template, phrasing: int) -> bool:
     return phrasing > len(t.phrasings)
 
 
-def phrasing_text(t: Template, phrasing: int) -> str:
-    """The spec sentence of ``t``'s ``phrasing`` (with ``{sig}``, ``{a}``, ... unfilled)."""
+def phrasing_text(t: Template, phrasing: int, args: str | None = None) -> str:
+    """The spec sentence of ``t``'s ``phrasing`` (with ``{sig}``, ``{a}``, ... unfilled);
+    a vague phrasing's word depends on the arguments ``args`` as well."""
     n = len(t.phrasings)
     if phrasing < n:
         return t.phrasings[phrasing]
@@ -726,7 +743,9 @@ def phrasing_text(t: Template, phrasing: int) -> str:
     elif phrasing <= n + DECOYS:
         word = decoy_words(t)[phrasing - n - 1]
     else:
-        word = vague_words(t.kind)[phrasing - n - 1 - DECOYS]
+        if args is None:
+            raise ValueError("a vague phrasing's word depends on the argument names")
+        word = vague_word(t, args, phrasing - n - 1 - DECOYS)
     of = "{a} and {b}" if t.kind == "pair" else "{a}"
     with_k = " with {k}" if "{k}" in t.body else ""
     return f"{_W} the {word} of {of}{with_k}."
@@ -793,7 +812,7 @@ def render(v: Variant) -> dict[str, str]:
     names = [a.strip() for a in v.args.split(",")]
     fill = {"a": names[0], "b": names[-1], "k": "" if v.const is None else v.const}
     sig = f"{v.name}({v.args})"
-    spec = phrasing_text(t, v.phrasing).format(sig=sig, f=v.name, **fill)
+    spec = phrasing_text(t, v.phrasing, v.args).format(sig=sig, f=v.name, **fill)
     gold = f"def {sig}:\n    return {t.body.format(**fill)}\n"
     scope: dict = {}
     exec(gold, scope)  # our own one-line gold: the expected values come from it
