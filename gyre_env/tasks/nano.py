@@ -701,10 +701,10 @@ def _made_up_words() -> tuple[
     decoys = {
         t.key: tuple(draw(f"nano-decoy|{t.key}|{i}") for i in range(DECOYS)) for t in TEMPLATES
     }
-    kinds = dict.fromkeys(t.kind for t in TEMPLATES)
-    per_kind = collections.Counter(t.kind for t in TEMPLATES)
+    per_kind = collections.Counter(t.kind for t in TEMPLATES)  # in first-seen order
     vague = {
-        k: tuple(draw(f"nano-vague|{k}|{i}") for i in range(DECOYS * per_kind[k])) for k in kinds
+        k: tuple(draw(f"nano-vague|{k}|{i}") for i in range(DECOYS * n))
+        for k, n in per_kind.items()
     }
     return coined, decoys, vague
 

@@ -249,9 +249,8 @@ def test_decoy_words_teach_in_training_only_and_never_the_coined_word(mode):
     decoys = [w for t in TEMPLATES for w in decoy_words(t)]
     decoys += [w for k in kinds for w in vague_words(k)]
     args = {a for pool in (*_ARGS.values(), *_WIDE_ARGS.values()) for a in pool}
-    assert (
-        len(set(decoys)) == len(decoys) == 2 * DECOYS * len(TEMPLATES)
-    )  # vague: per template of a kind
+    # decoys: DECOYS per template; vague: DECOYS per template of a kind, so as many again
+    assert len(set(decoys)) == len(decoys) == 2 * DECOYS * len(TEMPLATES)
     assert not (set(decoys) & coined) and not (set(decoys) & args)
     assert all(re.fullmatch(r"[a-z]{5}", w) for w in decoys)
     kw = {**KW, "phrasings": mode}
@@ -268,13 +267,14 @@ def test_decoy_words_teach_in_training_only_and_never_the_coined_word(mode):
         assert {v.template.key for v in shown} == ALL_OPS, split
         assert all(v.gold for v in shown), split
         assert not any(v.gold for v in variants if is_coined(v.template, v.phrasing)), split
+        spec_of = {v.task_id: render(v)["spec.md"] for v in variants}
         specs = collections.defaultdict(set)  # gold replays a task by its spec: one code each
         for v in variants:
-            specs[render(v)["spec.md"]].add(v.template.key)
+            specs[spec_of[v.task_id]].add(v.template.key)
         assert all(len(ops) == 1 for ops in specs.values()), split
         named = collections.defaultdict(set)  # word -> the operations it names in gold
         for v in shown:
-            spec = render(v)["spec.md"]
+            spec = spec_of[v.task_id]
             word = next(w for w in words[v.template.key] if f"the {w} of" in spec)
             assert not any(w in spec for w in coined), spec
             named[word].add(v.template.key)
