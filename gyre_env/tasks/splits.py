@@ -84,3 +84,26 @@ def split_gold(
         return gold, list(pool)
     taken = {t.id for t in gold}
     return gold, [t for t in pool if t.id not in taken] or list(pool)
+
+
+def draw_rl_tasks(
+    pool: list[Task], n: int, rng: np.random.Generator, *, no_gold_share: float | None
+) -> list[Task]:
+    """An RL iteration's ``n`` tasks from ``pool``: uniform, or with ``no_gold_share`` a
+    share of them (rounded) from the pool's tasks that have no gold solution (what only
+    RL's own attempts can learn) and the rest from the tasks that have one. A side that
+    has no tasks gives its share to the other."""
+    if no_gold_share is None:
+        return [pool[i] for i in rng.choice(len(pool), n, replace=n > len(pool))]
+    without = [t for t in pool if not t.gold_dir]
+    with_gold = [t for t in pool if t.gold_dir]
+    k = round(n * no_gold_share)
+    if not with_gold:
+        k = n
+    elif not without:
+        k = 0
+    out = []
+    for side, m in ((without, k), (with_gold, n - k)):
+        if m:
+            out += [side[i] for i in rng.choice(len(side), m, replace=m > len(side))]
+    return out

@@ -91,6 +91,11 @@ class TasksConfig:
     """RL samples from the whole training pool, SFT's gold tasks included (their gold is
     never in the RL loop: RL sees only its own attempts and their rewards). False: RL
     samples only the tasks SFT did not see."""
+    rl_no_gold_share: float | None = None
+    """None: each RL iteration draws its tasks uniformly from RL's pool. A share in
+    [0, 1]: that share of them comes from the pool's tasks that have no gold solution in
+    any split (nano's coined phrasing: what a word means is shown only by the grade of an
+    attempt, so only RL can learn it), the rest from the tasks that have one."""
     env_kwargs: dict = field(default_factory=lambda: {"reward_mode": "sparse"})
     """Extra ``gym.make`` options of every episode. GRPO uses only the final score, so the
     default skips the per-step shaping checks (a lint and visible-test run per step)."""
@@ -582,6 +587,9 @@ class TrainConfig:
         }.items():
             if value < 0:
                 raise ConfigError(f"{key} must be >= 0, got {value}")
+        share = self.tasks.rl_no_gold_share
+        if share is not None and not 0 <= share <= 1:
+            raise ConfigError(f"tasks.rl_no_gold_share must be in [0, 1], got {share}")
         if self.rollout.temperature <= 0:
             raise ConfigError(f"rollout.temperature must be > 0, got {self.rollout.temperature}")
         if self.rollout.agent not in ROLLOUT_AGENTS:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from gyre_env.config import ConfigError
+from gyre_env.tasks.splits import draw_rl_tasks
 from gyre_env.train.checkpoint import (
     Cursor,
     atomic_write,
@@ -303,8 +304,12 @@ class TrainRun:
     def rollouts(self, it: int) -> RolloutStats:
         """The iteration's GRPO groups, into the store under a run tag the cursor keeps."""
         cfg, c = self.cfg, self.cursor
-        n, pool = cfg.rollout.tasks_per_iteration, len(self.tasks.rl)
-        tasks = [self.tasks.rl[i] for i in self.rng.choice(pool, n, replace=n > pool)]
+        tasks = draw_rl_tasks(
+            self.tasks.rl,
+            cfg.rollout.tasks_per_iteration,
+            self.rng,
+            no_gold_share=cfg.tasks.rl_no_gold_share,
+        )
         tag = f"rl.{it:04d}.r{c.resumes}"
         stats = self.episodes(
             tasks,

@@ -9,7 +9,7 @@ import pytest
 
 from gyre_env.proxy.records import CallRecord
 from gyre_env.tasks import nano_tasks
-from gyre_env.tasks.splits import split_gold
+from gyre_env.tasks.splits import draw_rl_tasks, split_gold
 from gyre_env.train.config import ConfigError, TrainConfig, apply_overrides
 from gyre_env.train.setup import task_pool
 from gyre_env.trajectory import sampling
@@ -229,3 +229,28 @@ def test_the_seed_sets_the_built_in_models_initial_weights():
     assert np.array_equal(weights("seed=0")[name], a[name])
     pinned = weights("seed=1", "model.seed=0")
     assert np.array_equal(pinned[name], a[name])
+
+
+def test_rl_no_gold_share_draws_that_share_from_the_tasks_without_gold():
+    cfg = _cfg("tasks.train_count=48", "tasks.heldout_count=4", "sft.trajectories=8",
+               "tasks.suite_kwargs={names='fixed', only='upper,sum', phrasings='coined'}",
+               "tasks.rl_includes_sft_tasks=false")  # fmt: skip
+    train, _ = load_tasks(cfg)
+    _, rl = split_pool(cfg, train)
+    without = {t.id for t in rl if not t.gold_dir}
+    assert 0 < len(without) < len(rl) / 2  # the coined phrasing alone carries no gold
+
+    def share(value, n=6, draws=50):
+        rng = np.random.default_rng(0)
+        picked = [draw_rl_tasks(rl, n, rng, no_gold_share=value) for _ in range(draws)]
+        assert all(len(p) == n for p in picked)
+        return sum(t.id in without for p in picked for t in p) / (n * draws)
+
+    assert share(0.5) == 0.5 and share(1.0) == 1.0 and share(0.0) == 0.0
+    assert 0.05 < share(None) < 0.5  # uniform: the pool's own share
+    # a side with no tasks gives its share to the other
+    gold_only = [t for t in rl if t.gold_dir]
+    assert all(t.gold_dir for t in draw_rl_tasks(gold_only, 6, np.random.default_rng(0),
+                                                 no_gold_share=1.0))  # fmt: skip
+    with pytest.raises(ConfigError, match="rl_no_gold_share must be in"):
+        apply_overrides(cfg, ["tasks.rl_no_gold_share=1.5"]).validate()
