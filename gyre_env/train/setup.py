@@ -94,6 +94,12 @@ def task_pool(cfg: TrainConfig) -> TaskPool:
         seed=cfg.seed,
         rl_includes_gold=t.rl_includes_sft_tasks,
     )
+    share = t.rl_no_gold_share
+    without = sum(not x.gold_dir for x in rl)
+    if share is not None and (share > 0 and not without or share < 1 and without == len(rl)):
+        side = "no task without gold" if not without else "no task with gold"
+        say(f"tasks.rl_no_gold_share = {share}: RL's {len(rl)} tasks include {side}; "
+            "every iteration draws from the other side")  # fmt: skip
     return TaskPool(train=train, heldout=heldout, gold=gold, rl=rl)
 
 

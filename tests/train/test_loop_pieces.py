@@ -231,7 +231,7 @@ def test_the_seed_sets_the_built_in_models_initial_weights():
     assert np.array_equal(pinned[name], a[name])
 
 
-def test_rl_no_gold_share_draws_that_share_from_the_tasks_without_gold():
+def test_rl_no_gold_share_draws_that_share_from_the_tasks_without_gold(capsys):
     cfg = _cfg("tasks.train_count=48", "tasks.heldout_count=4", "sft.trajectories=8",
                "tasks.suite_kwargs={names='fixed', only='upper,sum', phrasings='coined'}",
                "tasks.rl_includes_sft_tasks=false")  # fmt: skip
@@ -254,3 +254,9 @@ def test_rl_no_gold_share_draws_that_share_from_the_tasks_without_gold():
                                                  no_gold_share=1.0))  # fmt: skip
     with pytest.raises(ConfigError, match="rl_no_gold_share must be in"):
         apply_overrides(cfg, ["tasks.rl_no_gold_share=1.5"]).validate()
+    # a pool with no coined task says so rather than drawing uniformly in silence
+    words = apply_overrides(cfg, ["tasks.suite_kwargs={names='fixed', only='upper,sum'}",
+                                  "tasks.rl_no_gold_share=0.5"])  # fmt: skip
+    capsys.readouterr()
+    load_tasks(words)
+    assert "include no task without gold" in capsys.readouterr().out
