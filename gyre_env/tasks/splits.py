@@ -94,16 +94,15 @@ def draw_rl_tasks(
     RL's own attempts can learn) and the rest from the tasks that have one. A side that
     has no tasks gives its share to the other."""
     if no_gold_share is None:
-        return [pool[i] for i in rng.choice(len(pool), n, replace=n > len(pool))]
+        return _draw(pool, n, rng)
     without = [t for t in pool if not t.gold_dir]
     with_gold = [t for t in pool if t.gold_dir]
-    k = round(n * no_gold_share)
-    if not with_gold:
-        k = n
-    elif not without:
-        k = 0
-    out = []
-    for side, m in ((without, k), (with_gold, n - k)):
-        if m:
-            out += [side[i] for i in rng.choice(len(side), m, replace=m > len(side))]
-    return out
+    k = n if not with_gold else 0 if not without else round(n * no_gold_share)
+    return _draw(without, k, rng) + _draw(with_gold, n - k, rng)
+
+
+def _draw(tasks: list[Task], n: int, rng: np.random.Generator) -> list[Task]:
+    """``n`` of ``tasks`` drawn by ``rng`` (with replacement only when there are fewer)."""
+    if not n:
+        return []
+    return [tasks[i] for i in rng.choice(len(tasks), n, replace=n > len(tasks))]
