@@ -300,10 +300,20 @@ def _imports_pytest(python: str) -> bool:
     return proc.returncode == 0
 
 
+_CAN_IMPORT_PYTEST = (
+    "import importlib.util as u, os, sys\n"
+    "specs = [u.find_spec(m) for m in ('pytest', '_pytest')]\n"
+    "sys.exit(not all(s and s.origin and os.access(s.origin, os.R_OK) for s in specs))"
+)
+"""Whether this interpreter finds pytest and may read it: what ``import pytest`` needs of
+the uid (the interpreter, its ``sys.path`` and pytest's files readable), without
+importing it: 35 ms against 125 ms on the CI machine, paid on every grade."""
+
+
 def _can_run_as(uid: int, python: str, cwd: str) -> bool:
     try:
         proc = subprocess.run(
-            [python, "-I", "-c", "import pytest"],
+            [python, "-I", "-c", _CAN_IMPORT_PYTEST],
             preexec_fn=_dropper(uid),
             cwd=cwd,
             stdout=subprocess.DEVNULL,
@@ -450,20 +460,23 @@ def _run(command: str, cwd: str, env: dict, uid: int | None, timeout: float, cha
 
 
 def _kill_uid(uid: int, python: str) -> None:
-    """SIGKILL every process of ``uid`` (kill(-1) from that uid reaches exactly those)."""
-    for _ in range(3):
-        subprocess.run(
-            [
-                python,
-                "-I",
-                "-c",
-                "import os, signal\ntry: os.kill(-1, signal.SIGKILL)\n"
-                "except ProcessLookupError: pass",
-            ],
-            preexec_fn=_dropper(uid),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+    """SIGKILL every process of ``uid`` (kill(-1) from that uid reaches exactly those, and
+    on Linux never the caller). Three rounds in one process (``-S``: no site, 10 ms to
+    start): a process forked while one round ran is caught by the next."""
+    subprocess.run(
+        [
+            python,
+            "-I",
+            "-S",
+            "-c",
+            "import os, signal\nfor _ in range(3):\n"
+            "    try: os.kill(-1, signal.SIGKILL)\n"
+            "    except ProcessLookupError: pass",
+        ],
+        preexec_fn=_dropper(uid),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 if __name__ == "__main__":
