@@ -21,8 +21,10 @@ pytestmark = pytest.mark.docker
 def _containers_of(pid: int):
     from gyre_env.sandbox.docker import LABEL_KIND, docker_client
 
+    # ignore_removed: docker-py lists, then inspects each container; one the bench (or a
+    # reaper) removes in between is gone, not an error (as in ``sandbox.docker.reap``)
     return docker_client().containers.list(
-        all=True, filters={"label": [LABEL_KIND, f"gyre.owner_pid={pid}"]}
+        all=True, filters={"label": [LABEL_KIND, f"gyre.owner_pid={pid}"]}, ignore_removed=True
     )
 
 

@@ -30,7 +30,7 @@ def _mine():
     from gyre_env.sandbox.docker import LABEL_KIND, docker_client
 
     found = docker_client().containers.list(
-        filters={"label": [LABEL_KIND, f"gyre.owner_pid={os.getpid()}"]}
+        filters={"label": [LABEL_KIND, f"gyre.owner_pid={os.getpid()}"]}, ignore_removed=True
     )
     return sorted(found, key=lambda c: c.attrs["Created"])
 

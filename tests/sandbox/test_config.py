@@ -53,7 +53,10 @@ def test_a_missing_image_is_a_clear_error_and_leaves_nothing(make):
 
     def ours() -> set[str]:  # other test sessions may start containers meanwhile
         mine = {"label": f"gyre.owner_pid={os.getpid()}"}
-        return {c.id for c in docker_client().containers.list(all=True, filters=mine)}
+        return {
+            c.id
+            for c in docker_client().containers.list(all=True, filters=mine, ignore_removed=True)
+        }
 
     before = ours()
     with pytest.raises(SandboxError, match="gyre-no-such-image:latest.*gyre images build"):
