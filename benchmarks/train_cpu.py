@@ -113,6 +113,12 @@ def _sft_steps_in(rl: Path) -> int:
     were measured in the same run, so the count does not depend on how loaded the machine
     was, as a wall-clock limit on the control would."""
     steps = _rows(rl, "ptx") or _rows(rl, "sft")
+    if not steps:  # e.g. RL from model.path with sft.steps = 0: nothing to time
+        raise SystemExit(
+            f"{rl}: the RL run took no SFT or gold step, so control (a)'s step count has no "
+            "timing to come from: pass --a-steps N, or give the run a few SFT steps "
+            "(--set sft.steps=8)"
+        )
     return max(1, round(_rl_seconds(rl) / float(np.median([r["step_s"] for r in steps]))))
 
 

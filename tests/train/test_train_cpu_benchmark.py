@@ -95,6 +95,18 @@ def test_an_rl_arm_without_gold_steps_has_control_a_alone(bench):
     assert "b_gold_only" not in bench.markdown(res)
 
 
+def test_control_a_without_any_timed_step_asks_for_its_step_count(bench, tmp_path):
+    """An RL run that took no SFT or gold step (RL from ``model.path`` with ``sft.steps =
+    0``) leaves control (a) nothing to time: a clear exit naming ``--a-steps``."""
+    rows = [{"kind": "iteration", "time_rollout": 9.0, "time_train": 1.0, "time_sync": 0.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SystemExit, match="--a-steps N"):
+        bench._sft_steps_in(tmp_path)
+    rows.append({"kind": "sft", "step_s": 0.5})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert bench._sft_steps_in(tmp_path) == 20  # 10 s of RL at 0.5 s a step
+
+
 def test_curve_counts_rl_attempts_by_block_and_by_gold(bench, tmp_path, capsys):
     """``--curve`` reads a run folder: RL's attempts (not the gold replays, not the
     evaluations) per block of iterations, on tasks with gold and on tasks without."""
