@@ -76,7 +76,7 @@ def main(plan_path: str) -> int:
     _overlay(hidden, repo)
     hidden_files = set(_files(hidden))
     uid = _pick_uid() if plan.get("privilege_drop", True) else None
-    if uid is not None and not _can_run_as(uid, python, grader):
+    if uid is not None and not _runs_pytest(python, uid, grader):
         uid = None
     if uid is None and plan.get("require_drop"):
         # This evaluator holds capabilities (bubblewrap's, for the drop): the workspace's
@@ -127,7 +127,7 @@ def main(plan_path: str) -> int:
 
 
 def _refusal(python: str, euid: int) -> str:
-    if not _imports_pytest(python):  # not a permission matter: the grader has no pytest
+    if not _runs_pytest(python):  # not a permission matter: the grader has no pytest
         return (
             f"{python} cannot import pytest, which runs the hidden tests: install it into "
             f"that interpreter ({python} -m pip install pytest; gyre-env's train extra has it)"
@@ -289,17 +289,6 @@ def _dropper(uid: int):
     return drop
 
 
-def _imports_pytest(python: str) -> bool:
-    try:
-        proc = subprocess.run(
-            [python, "-I", "-c", "import pytest"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return proc.returncode == 0
-
-
 _CAN_IMPORT_PYTEST = (
     "import importlib.util as u, os, sys\n"
     "specs = [u.find_spec(m) for m in ('pytest', '_pytest')]\n"
@@ -310,11 +299,12 @@ the uid (the interpreter, its ``sys.path`` and pytest's files readable), without
 importing it: 35 ms against 125 ms on the CI machine, paid on every grade."""
 
 
-def _can_run_as(uid: int, python: str, cwd: str) -> bool:
+def _runs_pytest(python: str, uid: int | None = None, cwd: str | None = None) -> bool:
+    """Whether ``python`` can import pytest, as ``uid`` (None: as this process)."""
     try:
         proc = subprocess.run(
             [python, "-I", "-c", _CAN_IMPORT_PYTEST],
-            preexec_fn=_dropper(uid),
+            preexec_fn=None if uid is None else _dropper(uid),
             cwd=cwd,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

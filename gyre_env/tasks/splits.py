@@ -97,8 +97,15 @@ def draw_rl_tasks(
         return _draw(pool, n, rng)
     without = [t for t in pool if not t.gold_dir]
     with_gold = [t for t in pool if t.gold_dir]
-    k = n if not with_gold else 0 if not without else round(n * no_gold_share)
+    k = round(n * no_gold_share_used(pool, no_gold_share))
     return _draw(without, k, rng) + _draw(with_gold, n - k, rng)
+
+
+def no_gold_share_used(pool: list[Task], no_gold_share: float) -> float:
+    """The share ``draw_rl_tasks`` draws from ``pool``'s tasks without gold: the one asked
+    for, unless a side has no task (then 1.0 with no gold anywhere, 0.0 with gold in all)."""
+    without = sum(not t.gold_dir for t in pool)
+    return 1.0 if without == len(pool) else 0.0 if not without else no_gold_share
 
 
 def _draw(tasks: list[Task], n: int, rng: np.random.Generator) -> list[Task]:

@@ -81,7 +81,7 @@ def task_splits(t: TasksConfig) -> tuple[list, list]:
 
 def task_pool(cfg: TrainConfig) -> TaskPool:
     """``cfg.tasks`` loaded and split (``gyre_env.tasks.splits``)."""
-    from gyre_env.tasks.splits import split_gold
+    from gyre_env.tasks.splits import no_gold_share_used, split_gold
 
     t = cfg.tasks
     train, heldout = task_splits(t)
@@ -95,9 +95,8 @@ def task_pool(cfg: TrainConfig) -> TaskPool:
         rl_includes_gold=t.rl_includes_sft_tasks,
     )
     share = t.rl_no_gold_share
-    without = sum(not x.gold_dir for x in rl)
-    if share is not None and (share > 0 and not without or share < 1 and without == len(rl)):
-        side = "no task without gold" if not without else "no task with gold"
+    if share is not None and (used := no_gold_share_used(rl, share)) != share:
+        side = "no task without gold" if used == 0.0 else "no task with gold"
         say(f"tasks.rl_no_gold_share = {share}: RL's {len(rl)} tasks include {side}; "
             "every iteration draws from the other side")  # fmt: skip
     return TaskPool(train=train, heldout=heldout, gold=gold, rl=rl)
