@@ -55,9 +55,14 @@ class CellConfig:
     batch_slowdown: float = 0.02
     """Per-request decode rate is divided by ``1 + batch_slowdown * (batch - 1)``."""
     shared_host: bool = False
-    """The batch of that slowdown counts the calls in flight on every cell, not the cell's
-    own: cells that share one machine's cores (the CPU cells of ``benchmarks/elastic.py``,
-    whose two engines together decode about what one decodes alone), not devices."""
+    """The cells share one machine's cores (the CPU cells of ``benchmarks/elastic.py``,
+    whose two engines together decode about what one decodes alone), not devices: an
+    output token of any call takes every busy engine's decode step in turn, ``(E +
+    batch_slowdown x (n - E)) / decode_tokens_per_s`` seconds with ``n`` calls in flight
+    on ``E`` engines, and the calls in flight speed up and slow down as that changes."""
+    host_call_s: float = 0.0
+    """With ``shared_host``: seconds each call starting on the host holds up every call
+    in flight there (its prefill, and the host's own work to route it)."""
     context_halfspeed_tokens: float = 131072.0
     """Context length at which per-request decode runs at half speed (attention cost)."""
     train_tokens_per_s: float = 20000.0

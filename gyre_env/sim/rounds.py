@@ -44,6 +44,9 @@ class EpisodeTable:
         """Duration of the next call when fixed (a migrated call's rest), else NaN."""
         self.n_fixed = 0
         """Rows whose ``fixed`` is set (a driver that sets one adds it here)."""
+        self.pace = np.ones(rows)
+        """Cells sharing one host: the host's slowdown each call's end time ``t`` was last
+        computed at (``CellConfig.shared_host``)."""
         self.score_s = np.zeros(rows)
         self.ep = np.zeros(rows, np.int64)
         """Global episode id (``group * group_size + k``)."""
@@ -63,14 +66,17 @@ class EpisodeTable:
         self.cur_output[rows] = self.output[rows, nxt]
         self.turn[rows] = turn + 1
 
-    def durations(self, rows, inflight, call_model) -> np.ndarray:
+    def durations(self, rows, inflight, call_model, batch_slow=None) -> np.ndarray:
         """Next call of each of ``rows``: a migrated call's rest, else the trace's measured
         time, else the cell model (``call_model``: prefill and decode tokens/s, batch
         slowdown, half-speed context): new prompt tokens at the prefill rate plus output
-        tokens at the per-request decode rate, slowed by the batch and the context."""
+        tokens at the per-request decode rate, slowed by the batch (``batch_slow``: that
+        factor given, else ``1 + slowdown x (inflight - 1)``) and the context."""
         prefill, decode, slowdown, half = call_model
         new = self.cur_prompt[rows]
-        slow = (1.0 + slowdown * (inflight - 1)) * (1.0 + (self.ctx[rows] + new) / half)
+        if batch_slow is None:
+            batch_slow = 1.0 + slowdown * (inflight - 1)
+        slow = batch_slow * (1.0 + (self.ctx[rows] + new) / half)
         dur = new / prefill + self.cur_output[rows] * slow / decode
         if self.measured:
             measured = self.call[rows, self.turn[rows]]

@@ -239,9 +239,33 @@ class Simulation:
                 self._episode_end(row)
             if self.n_queued:
                 self._match(t0, *freed)
+        if self.cfg.cells.shared_host and not tab.measured:
+            self._repace(t1)
         self._accrue(t0, t1)
         self.t = t1
         self._after_round()
+
+    def _host_pace(self) -> float:
+        """Cells sharing one host: an output token's time over a lone call's, ``E + s (n -
+        E)`` with ``n`` calls in flight on ``E`` engines (``CellConfig.shared_host``)."""
+        n, busy = int(self.load.sum()), int(np.count_nonzero(self.load))
+        return max(1.0, busy + self.cfg.cells.batch_slowdown * (n - busy))
+
+    def _repace(self, t: float) -> None:
+        """Cells sharing one host: the calls in flight go on at the host's pace now (it
+        changed as calls started and ended in the round), their end times moved to match
+        (every rest of a call scales alike: its prefill also runs on the shared cores)."""
+        tab = self.tab
+        rows = (tab.phase == CALL).nonzero()[0]
+        if not len(rows):
+            return
+        pace = self._host_pace()
+        ratio = pace / tab.pace[rows]
+        moved = ratio != 1.0
+        if moved.any():
+            rows, ratio = rows[moved], ratio[moved]
+            tab.t[rows] = t + np.maximum(tab.t[rows] - t, 0.0) * ratio
+            tab.pace[rows] = pace
 
     def _group_cut(self, last: np.ndarray, t1: float) -> float:
         """When the first group that the ending last calls of episodes (rows ``last``)
@@ -302,11 +326,17 @@ class Simulation:
         rows, cells = q[:m], cells[:m]
         start = np.maximum(tab.arr[rows], slot_t[:m])
         self.load += np.bincount(cells, minlength=n)
-        if self.cfg.cells.shared_host:  # the k-th call joins every call in flight before it
-            inflight = int(self.load.sum()) - m + 1 + np.arange(m)
+        if self.cfg.cells.shared_host:  # every busy engine's decode step in turn
+            hold = self.cfg.cells.host_call_s * m
+            if hold and not tab.measured:  # the calls in flight wait for these to start
+                busy = (tab.phase == CALL).nonzero()[0]
+                tab.t[busy] += hold
+            pace = self._host_pace()
+            dur = tab.durations(rows, None, self._call_model, pace)
+            tab.pace[rows] = pace
         else:
             inflight = np.concatenate((plv, self.load[cells[len(plv) :]]))[:m]
-        dur = tab.durations(rows, inflight, self._call_model)
+            dur = tab.durations(rows, inflight, self._call_model)
         tab.phase[rows] = CALL
         tab.cell[rows] = cells
         tab.t[rows] = start + dur

@@ -233,6 +233,74 @@ def _call_table(store: dict[str, list[dict]], by: str | None = None) -> np.ndarr
     )
 
 
+def _covered(starts: np.ndarray, ends: np.ndarray, a: float, b: float) -> float:
+    """Seconds of ``[a, b)`` inside at least one of the intervals ``[starts, ends)``."""
+    lo, hi = np.maximum(starts, a), np.minimum(ends, b)
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    if not len(lo):
+        return 0.0
+    order = np.argsort(lo)
+    lo, hi = lo[order], np.maximum.accumulate(hi[order])
+    gaps = np.maximum(lo[1:] - hi[:-1], 0.0).sum()  # hi made running max: gaps between runs
+    return float(hi[-1] - lo[0] - gaps)
+
+
+def _host_table(store: dict[str, list[dict]]) -> np.ndarray | None:
+    """[n, 7] rows of the calls of cells that share one host's cores: new prompt tokens,
+    output tokens, prefill s, decode s, over the call's decode the mean number of calls
+    in flight on the host (itself included) and of engines with a call in flight (its own
+    included), and the calls that started on the host during it: what
+    :func:`_fit_host_calls` prices."""
+    calls = [c for cs in store.values() for c in cs]
+    if not calls:
+        return None
+    keys = np.array([str(c.get("replica")) for c in calls])
+    ends = np.array([c["end"] for c in calls], np.float64)
+    starts = ends - np.array([c["total"] for c in calls], np.float64)
+    decode = np.array([c["decode"] for c in calls], np.float64)
+    engines = [keys == k for k in np.unique(keys)]
+    calls_avg, engines_avg = np.ones(len(calls)), np.ones(len(calls))
+    order = np.sort(starts)
+    began = np.searchsorted(order, ends, "left") - np.searchsorted(order, ends - decode, "left")
+    for i in range(len(calls)):
+        a, b = ends[i] - decode[i], ends[i]
+        if b <= a:
+            continue
+        calls_avg[i] = np.clip(np.minimum(ends, b) - np.maximum(starts, a), 0.0, None).sum() / (
+            b - a
+        )
+        engines_avg[i] = sum(_covered(starts[m], ends[m], a, b) for m in engines) / (b - a)
+    return np.array(
+        [
+            [c["new"], c["out"], c["prefill"], c["decode"], n, e, k]
+            for c, n, e, k in zip(calls, calls_avg, engines_avg, began, strict=True)
+        ],
+        dtype=np.float64,
+    )
+
+
+def _fit_host_calls(c: np.ndarray) -> tuple[tuple[float, float, float], float, float]:
+    """Calls of cells sharing one host (a :func:`_host_table`): one output token of a call
+    takes every busy engine's decode step in turn, ``(E + s (n - E)) / d`` seconds with
+    ``n`` calls in flight on ``E`` engines (so a lone call's token takes ``1 / d``, each
+    more call on an engine adds ``s / d``, each more busy engine ``(1 - s) / d``), and
+    each call that starts on the host meanwhile holds it up ``h`` seconds (its prefill and
+    the host's work to route it). Fitted by least squares on decode seconds (a call
+    weighs by its tokens): ((prefill tokens/s, d, s), h, the mean squared error of the
+    seconds per token as :func:`_decode_residual`)."""
+    prefill_tps = max(c[:, 0].sum() / max(c[:, 2].sum(), 1e-9), 1.0)
+    ok = c[:, 1] > 0
+    out, n, e, k = c[ok, 1], c[ok, 4], c[ok, 5], c[ok, 6]
+    (a, b, h), *_ = np.linalg.lstsq(np.c_[out * e, out * n, k], c[ok, 3], rcond=None)
+    a, b, h = max(a, 0.0), max(b, 0.0), max(h, 0.0)
+    if a + b <= 0:
+        return (float(prefill_tps), 60.0, 0.0), 0.0, math.inf
+    predicted = a * e + b * n + h * k / out
+    residual = float(np.mean(np.square(c[ok, 3] / out - predicted)))
+    return (float(prefill_tps), 1.0 / (a + b), b / (a + b)), float(h), residual
+
+
 def _decode_residual(c: np.ndarray, fit: tuple[float, float, float]) -> float:
     """Mean squared error of ``fit``'s decode seconds per output token on call table
     ``c``."""
@@ -479,7 +547,7 @@ class ElasticTrace:
     calls: np.ndarray | None = None
     """[n, 5] as ``RunTrace.calls``: in flight counted per engine."""
     host_calls: np.ndarray | None = None
-    """The same with in flight counted over every engine (cells sharing one host)."""
+    """[n, 6] as :func:`_host_table`: calls priced as cells sharing one host's cores."""
     measured_s: float = 0.0
 
     @property
@@ -634,7 +702,7 @@ def load_elastic_trace(path: str | Path) -> ElasticTrace:
         step_rows=rows,
         switches=switches,
         calls=_call_table(store, by="replica"),
-        host_calls=_call_table(store),
+        host_calls=_host_table(store),
         measured_s=float(data["wall_s"]),
     )
 
@@ -675,15 +743,14 @@ def fit_elastic_cells(trace: ElasticTrace, fit_on: list[ElasticTrace] | None = N
     tables = [t.calls for t in fit_on if t.calls is not None and len(t.calls)]
     engine = np.concatenate(tables) if tables else None
     prefill_tps, decode_tps, slowdown = fits = _fit_calls(engine)
-    # the batch counted per engine, or over the host's engines (cores shared): the one
+    # each engine its own device, or every engine on the host's cores in turn: the one
     # whose fit explains the fitted runs' decode times better
     host_tables = [t.host_calls for t in fit_on if t.host_calls is not None and len(t.host_calls)]
-    shared = False
+    shared, host_call_s = False, 0.0
     if engine is not None and len(host_tables) == len(tables):
-        host = np.concatenate(host_tables)
-        host_fit = _fit_calls(host)
-        if _decode_residual(host, host_fit) < _decode_residual(engine, fits):
-            prefill_tps, decode_tps, slowdown = host_fit
+        host_fit, h, host_residual = _fit_host_calls(np.concatenate(host_tables))
+        if host_residual < _decode_residual(engine, fits):
+            (prefill_tps, decode_tps, slowdown), host_call_s = host_fit, h
             shared = True
     tps, dp, overhead = _fit_steps([row for t in fit_on for row in t.step_rows])
     switches = {
@@ -706,6 +773,7 @@ def fit_elastic_cells(trace: ElasticTrace, fit_on: list[ElasticTrace] | None = N
         decode_tokens_per_s=decode_tps,
         batch_slowdown=slowdown,
         shared_host=shared,
+        host_call_s=host_call_s,
         context_halfspeed_tokens=1e12,
         train_tokens_per_s=tps,
         dp_efficiency=dp,

@@ -239,54 +239,79 @@ def test_fitted_episodes_keep_the_groups_share_of_their_size():
     assert max(spans) <= 1 and max(sizes) >= 2 * min(sizes)
 
 
-def test_the_call_model_counts_the_batch_over_the_host_when_that_explains_the_fitted_calls():
-    """Two cells on one machine's cores decode together about what one decodes alone: a
-    call slows with every call in flight on the host, not only on its engine. The fit
-    counts the batch both ways on the fitted runs and keeps the one whose decode times
-    it explains better (``CellConfig.shared_host``); the simulator then slows a call by
-    the host's calls in flight."""
-    import dataclasses
-
-    from gyre_env.sim.trace import ElasticTrace
+def test_the_call_model_prices_a_shared_host_when_that_explains_the_fitted_calls():
+    """Two cells on one machine's cores decode together about what one decodes alone: an
+    output token takes every busy engine's decode step in turn, ``(E + s (n - E)) / d``
+    with ``n`` calls in flight on ``E`` engines, and each call starting meanwhile holds
+    the host up ``h``. The fit prices the calls both ways (each engine alone, by its
+    batch at the call's start; the host, by that formula over the call's decode) and keeps
+    the way that explains the fitted runs' decode times better
+    (``CellConfig.shared_host``)."""
+    from gyre_env.sim.trace import ElasticTrace, _fit_host_calls
 
     rng = np.random.default_rng(0)
     n = 400
-    engine = rng.integers(1, 9, n)  # calls in flight on the call's own engine
-    host = engine + rng.integers(0, 9, n)  # ... and on the host's two engines
-    out = np.full(n, 64.0)
+    engine = rng.integers(1, 9, n).astype(float)  # calls on the call's own engine
+    calls = engine + rng.uniform(0, 8, n)  # mean calls in flight on the host over its decode
+    engines = 1.0 + np.minimum(calls - engine, 1.0)  # mean engines busy over its decode
+    began = rng.integers(0, 6, n).astype(float)  # calls that started on the host meanwhile
+    out = rng.integers(16, 96, n).astype(float)
+    d, s, h = 400.0, 0.15, 0.004
 
-    def table(batch, per_token):
-        return np.c_[np.full(n, 20.0), out, np.full(n, 0.01), out * per_token, batch]
-
-    def trace(by_host: bool):
-        per_token = 0.002 * (1 + 0.2 * ((host if by_host else engine) - 1))
+    def trace(decode):
+        per_engine = np.c_[np.full(n, 20.0), out, np.full(n, 0.01), decode, engine]
+        host = np.c_[per_engine[:, :4], calls, engines, began]
         return ElasticTrace(
             path=Path("t"), policy="colocated", policy_params={}, cells=2, max_batch_size=16,
             switch_prior_s=0.1, group_size=2, agent_slots=2, steps=1, groups_per_step=1,
             steps_per_iteration=1, staleness_bound=1, decision_interval_s=0.05, groups=[],
-            calls=table(engine, per_token), host_calls=table(host, per_token),
+            calls=per_engine, host_calls=host,
         )  # fmt: skip
 
-    shared, own = fit_elastic_cells(trace(True)), fit_elastic_cells(trace(False))
-    assert shared.shared_host and not own.shared_host
-    assert shared.batch_slowdown == pytest.approx(0.2, rel=1e-6)
-    assert own.batch_slowdown == pytest.approx(0.2, rel=1e-6)
-    # in the simulator: the same calls on a host whose other cell is busy take longer
+    on_host = out * (engines + s * (calls - engines)) / d + h * began
+    (_, d_fit, s_fit), h_fit, residual = _fit_host_calls(trace(on_host).host_calls)
+    assert (d_fit, s_fit, h_fit) == pytest.approx((d, s, h), rel=1e-6)
+    assert residual == pytest.approx(0.0, abs=1e-12)
+    shared = fit_elastic_cells(trace(on_host))
+    assert shared.shared_host and shared.host_call_s == pytest.approx(h, rel=1e-6)
+    apart = fit_elastic_cells(trace(out * 0.002 * (1 + 0.2 * (engine - 1))))
+    assert not apart.shared_host and apart.host_call_s == 0.0
+    assert apart.batch_slowdown == pytest.approx(0.2, rel=1e-6)
+
+
+def _host_run(cells: int, outputs: list[int], setups: list[float], **cell_kw):
+    """One group of one-call episodes on ``cells`` cells of one host (``shared_host``, a
+    lone call decoding 100 tokens/s), trained at once: the time its step ends."""
+    from gyre_env.scheduler.peers import ColocatedSyncPolicy
+    from gyre_env.sim.config import SimConfig
     from gyre_env.sim.simulator import simulate
-    from gyre_env.sim.workload import TraceWorkload
+    from gyre_env.sim.workload import Episode, TraceWorkload
 
-    work = [[e] for e in _episodes(32)]
-    cfg = elastic_config(trace(True))
-    cfg.workload.group_size, cfg.workload.max_concurrent_episodes = 1, 16
-    cfg.training.groups_per_step = 16  # 16 calls at once, over both cells
-    cfg = dataclasses.replace(cfg, max_steps=2)
-    apart = simulate(dataclasses.replace(cfg, cells=dataclasses.replace(cfg.cells, shared_host=False)),
-                     make_policy("colocated", {}), TraceWorkload(work))  # fmt: skip
-    together = simulate(cfg, make_policy("colocated", {}), TraceWorkload(work))
-    assert together.duration_s > apart.duration_s
+    cfg = SimConfig(duration_s=60.0, seed=0, max_steps=1, resolution_s=0.001)
+    c = cfg.cells
+    c.count, c.max_concurrent, c.shared_host = cells, 4, True
+    c.decode_tokens_per_s, c.prefill_tokens_per_s, c.batch_slowdown = 100.0, 1e12, 0.0
+    c.context_halfspeed_tokens = 1e12
+    c.switch_to_training_s = c.switch_to_rollout_s = c.switch_jitter = 0.0
+    c.train_tokens_per_s, c.step_overhead_s, c.weight_sync_s = 1e12, 0.0, 0.0
+    for k, v in cell_kw.items():
+        setattr(c, k, v)
+    cfg.workload.group_size = cfg.workload.max_concurrent_episodes = len(outputs)
+    cfg.training.groups_per_step = 1
+    eps = [Episode(setup_s=t, scoring_s=0.0, prompt_new=[1], output=[o], tool_s=[0.0])
+           for o, t in zip(outputs, setups, strict=True)]  # fmt: skip
+    return simulate(cfg, ColocatedSyncPolicy(), TraceWorkload([eps])).step_end_times[0]
 
 
-def _episodes(k: int):
-    from gyre_env.sim.workload import Episode
+def test_calls_on_a_shared_host_speed_up_when_the_other_engine_falls_idle():
+    # 100 and 10 tokens on the two engines: both decode at half speed until the short
+    # call ends (0.2 s, 10 tokens of the long one done), the long one alone after that
+    # (90 tokens, 0.9 s). Priced only at their start, the long one would take 2 s.
+    assert _host_run(2, [100, 10], [0.0, 0.0]) == pytest.approx(1.1, abs=0.01)
+    assert _host_run(2, [100, 10], [0.0, 0.0], shared_host=False) == pytest.approx(1.0, abs=0.01)
 
-    return [Episode(0.0, 0.0, [20, 20], [64, 64], [0.1, 0.0]) for _ in range(k)]
+
+def test_a_call_starting_on_a_shared_host_holds_up_the_calls_in_flight():
+    # one engine: the long call (1 s alone) is held up 0.2 s when the short one starts
+    assert _host_run(1, [100, 10], [0.0, 0.5], host_call_s=0.2) == pytest.approx(1.2, abs=0.01)
+    assert _host_run(1, [100, 10], [0.0, 0.5]) == pytest.approx(1.0, abs=0.01)
