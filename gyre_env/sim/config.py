@@ -105,6 +105,13 @@ class CellConfig:
             raise ValueError("cells.count and cells.max_concurrent must be >= 1")
         if min(self.prefill_tokens_per_s, self.decode_tokens_per_s, self.train_tokens_per_s) <= 0:
             raise ValueError("cell throughputs must be > 0")
+        negative = [
+            f"cells.{k} = {getattr(self, k)}"
+            for k in ("batch_slowdown", "host_call_s")
+            if getattr(self, k) < 0
+        ]
+        if negative:
+            raise ValueError(f"must be >= 0: {', '.join(negative)}")
 
 
 def _d(median: float, **kw) -> Dist:

@@ -24,6 +24,9 @@ def test_unknown_key_is_rejected_by_name(tmp_path):
     bad.write_text("[cells]\ncount = 'many'\n")
     with pytest.raises(ConfigError, match="cells.count"):
         load_sim_config(bad)
+    bad.write_text("[cells]\nshared_host = true\nhost_call_s = -0.1\n")
+    with pytest.raises(ConfigError, match=r"must be >= 0: cells.host_call_s = -0.1"):
+        load_sim_config(bad)
 
 
 @pytest.mark.parametrize("name", ["simulate_small.toml", "simulate_nl2repo.toml"])
