@@ -101,14 +101,16 @@ FREE_CELLS_SCALE = 10
 
 def free_cells(cfg: SimConfig, scale: int = FREE_CELLS_SCALE) -> SimConfig:
     """``cfg`` with its cells out of the way: ``scale`` x as many (a call shares its cell
-    with a tenth of the others), training ``100 x scale`` times as fast with no step
-    overhead, no weight publish and switches that cost nothing. What is left is what no
+    with a tenth of the others; cells that shared one host's cores get one each), training
+    ``100 x scale`` times as fast with no step overhead, no weight publish and switches
+    that cost nothing. What is left is what no
     use of the cells can change: the workload (turns, tool times, a call's own latency),
     the agent slots, the batch per trainer version and the staleness bound."""
     v = copy.deepcopy(cfg)
     v.gantt_max_segments = 0
     c = v.cells
     c.count *= scale
+    c.shared_host, c.host_call_s = False, 0.0  # more cells on one host would add no cores
     c.train_tokens_per_s *= 100.0 * scale
     c.step_overhead_s = 0.0
     c.weight_sync_s = 0.0

@@ -4,6 +4,7 @@ causes over time next to the ceiling."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -137,6 +138,10 @@ def test_the_bound_ceiling_frees_the_cells_and_keeps_what_binds_whatever_the_cel
     # what no use of the cells changes is left as it was
     assert free.workload == cfg.workload and free.training == cfg.training
     assert cfg.cells.count == 4  # the config itself is untouched
+    # cells that share one host's cores get cores of their own (ten times the cells on
+    # one host would add none)
+    shared = dataclasses.replace(cfg, cells=dataclasses.replace(cfg.cells, shared_host=True))
+    assert not free_cells(shared).cells.shared_host and shared.cells.shared_host
     workload = make_workload(cfg.workload, cfg.seed)
     bound = bound_run(cfg, workload)
     for policy in (WaterlevelPolicy(), AsyncStalenessPolicy(rollout_cells=3)):
