@@ -33,6 +33,7 @@ from pathlib import Path
 
 from gyre_env.sim.trace import (
     TRACE_FILE,
+    fitted_cells,
     group_factor,
     load_elastic_trace,
     load_run,
@@ -61,6 +62,24 @@ def _factors(folder: str) -> str:
     return f"{folder[-23:]:<24}" + "".join(f"{k:>9} {v:5.2f}" for k, v in f.items())
 
 
+def _costs(c) -> str:
+    """The fitted costs a prediction prices every call, step and switch with."""
+    d, s = c.decode_tokens_per_s, c.batch_slowdown
+    calls = (
+        f"one host's cores (an output token (E + {s:.3f} (n - E)) / {d:.0f} s with n calls "
+        f"on E busy engines; a call starting holds the others {1e3 * c.host_call_s:.1f} ms)"
+        if c.shared_host
+        else f"engines of their own (an output token (1 + {s:.3f} (n - 1)) / {d:.0f} s with "
+        "n calls on its engine)"
+    )
+    return (
+        f"calls on {calls}; prefill {c.prefill_tokens_per_s:.0f} tokens/s; steps "
+        f"{c.train_tokens_per_s:.0f} tokens/s a cell, {c.dp_efficiency:.2f} efficiency on "
+        f"more, {c.step_overhead_s:.2f} s overhead; switches {c.switch_to_training_s:.2f} s "
+        f"to training, {c.switch_to_rollout_s:.2f} s back"
+    )
+
+
 def held_out(parser, args) -> int:
     for folder in args.fit + args.predict:
         if not (Path(folder) / TRACE_FILE).is_file():
@@ -75,6 +94,7 @@ def held_out(parser, args) -> int:
     except (OSError, ValueError, KeyError) as e:
         parser.error(f"cannot be read as simulator input ({e})")
     print(f"fitted on: {', '.join(args.fit)}")
+    print(f"fitted cells: {_costs(fitted_cells(args.fit))}")
     print(HEADER)
     for v in rows:
         print(_row(v), flush=True)

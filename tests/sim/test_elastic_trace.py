@@ -190,6 +190,7 @@ def test_the_held_out_validation_enforces_its_tolerance(traces):
     loose = run("--tolerance", "100")
     assert loose.returncode == 0, loose.stderr[-2000:]
     assert "held-out" in loose.stdout and "per-group factor" in loose.stdout
+    assert "fitted cells: calls on " in loose.stdout  # the costs every prediction used
     assert "met" in loose.stdout.splitlines()[-1]
     strict = run("--tolerance", "0")  # no prediction is exact: the exit status says so
     assert strict.returncode == 1 and "MISSED" in strict.stdout
