@@ -33,7 +33,7 @@ from pathlib import Path
 
 from gyre_env.sim.trace import (
     TRACE_FILE,
-    fitted_cells,
+    fit_elastic_cells,
     group_factor,
     load_elastic_trace,
     load_run,
@@ -90,11 +90,12 @@ def held_out(parser, args) -> int:
     if overlap:
         parser.error(f"runs both fitted and predicted: {', '.join(sorted(overlap))}")
     try:
-        rows = validate_held_out(args.fit, args.predict)
+        fits = [load_elastic_trace(f) for f in args.fit]
+        rows = validate_held_out(fits, args.predict)
     except (OSError, ValueError, KeyError) as e:
         parser.error(f"cannot be read as simulator input ({e})")
     print(f"fitted on: {', '.join(args.fit)}")
-    print(f"fitted cells: {_costs(fitted_cells(args.fit))}")
+    print(f"fitted cells: {_costs(fit_elastic_cells(fits[0], fits))}")
     print(HEADER)
     for v in rows:
         print(_row(v), flush=True)

@@ -859,23 +859,16 @@ def validate_elastic(path: str | Path, fitted_seeds: int = 3) -> list[Validation
     return simulate_each(str(trace.path.parent), runs, policy, trace.measured_s)
 
 
-def fitted_cells(fit: list) -> CellConfig:
-    """The cells' costs fitted on the elastic traces ``fit`` (what
-    :func:`validate_held_out` prices each predicted run with, its shape aside)."""
-    fits = [load_elastic_trace(p) for p in fit]
-    return fit_elastic_cells(fits[0], fits)
-
-
 def validate_held_out(fit: list, predict: list) -> list[Validation]:
     """Runs predicted from other runs: the cells (call, step and switch costs) fitted on
     the elastic traces ``fit`` only, then each run of ``predict`` (none of them in ``fit``)
     simulated with the policy it ran, its shape (cells, batch, agent slots, bound) and
     its agents' own work (each call's tokens, each tool wait), every call priced by
     the fitted cell model (``held-out``: none of its measured timings is an input), against
-    its measured wall time."""
+    its measured wall time. ``fit``: trace paths, or traces already loaded."""
     from gyre_env.sim.workload import TraceWorkload
 
-    fits = [load_elastic_trace(p) for p in fit]
+    fits = [p if isinstance(p, ElasticTrace) else load_elastic_trace(p) for p in fit]
     fitted_paths = {t.path.resolve() for t in fits}
     out = []
     for path in predict:
