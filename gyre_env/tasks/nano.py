@@ -55,7 +55,7 @@ INPUT_MODES = ("fixed", "drawn")
 test file is shared with every task of that operation and argument kind); ``drawn``: each
 task draws its own inputs from a generator seeded by the task, so no two tasks share a
 hidden-test file and an output remembered from another task does not pass."""
-PHRASING_MODES = ("all", "words", "coined", "decoys", "vague")
+PHRASING_MODES = ("all", "words", "coined", "decoys", "vague", "kinds")
 """``all``: every phrasing of a template, one of which states the returned expression
 (``define solve(msg) returning msg.upper()``); ``words``: only the phrasings that describe
 the operation in words, none of which contains the gold expression; ``coined``: those, and
@@ -70,7 +70,14 @@ among those operations rather than with text it has never seen. ``vague``: as ``
 but the decoy words belong to the argument's kind, not to one operation
 (:func:`vague_words`): each names every operation of that kind in some gold task, so gold
 shows that such a word alone does not tell which, and a model meets the coined word with
-its guesses spread over the kind's operations."""
+its guesses spread over the kind's operations. ``kinds``: as ``vague``, and every
+made-up word's sentence names the argument's kind (``returns the vobek of the string
+msg``), so that the kind is read from the spec, not guessed from an argument name the
+model may never have seen: a coined word then asks for one of the two or three
+operations of that kind, and a group of attempts at it usually holds a pass to learn
+from (``KIND_NOUNS``)."""
+KIND_NOUNS = {"int": "integer", "str": "string", "list": "list", "pair": "integers"}
+"""How the ``kinds`` phrasings name an argument's kind."""
 DECOYS = 3
 """Decoy words per template (``decoys``) or per argument kind (``vague``)."""
 
@@ -516,6 +523,8 @@ class Variant:
     gold: bool = True
     """Whether the task folder carries its gold solution; without it no gold trajectory of
     the task exists anywhere, and only RL's own attempts can learn it."""
+    kinded: bool = False
+    """A made-up word's sentence names the argument's kind (``phrasings="kinds"``)."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -528,7 +537,7 @@ class Variant:
     @property
     def task_id(self) -> str:
         raw = f"v{GENERATOR_VERSION}|{self.key}|{self.args}|{self.phrasing}"
-        raw += "|drawn" * self.drawn + "|nogold" * (not self.gold)
+        raw += "|drawn" * self.drawn + "|nogold" * (not self.gold) + "|kinded" * self.kinded
         return f"nano-{self.template.key.replace('_', '-')}-{_digest(raw)[:10]}"
 
 
@@ -718,7 +727,7 @@ def phrasing_indices(t: Template, phrasings: str) -> tuple[int, ...]:
     n = len(t.phrasings)
     if phrasings in ("words", "coined"):
         return word_phrasings(t) + ((n,) if phrasings == "coined" else ())
-    first = n + 1 if phrasings == "decoys" else n + 1 + DECOYS
+    first = n + 1 if phrasings == "decoys" else n + 1 + DECOYS  # vague, kinds
     return (*word_phrasings(t), n, *range(first, first + DECOYS))
 
 
@@ -732,9 +741,10 @@ def is_decoy(t: Template, phrasing: int) -> bool:
     return phrasing > len(t.phrasings)
 
 
-def phrasing_text(t: Template, phrasing: int, args: str | None = None) -> str:
+def phrasing_text(t: Template, phrasing: int, args: str | None = None, kinded: bool = False) -> str:
     """The spec sentence of ``t``'s ``phrasing`` (with ``{sig}``, ``{a}``, ... unfilled);
-    a vague phrasing's word depends on the arguments ``args`` as well."""
+    a vague phrasing's word depends on the arguments ``args`` as well. ``kinded``: a
+    made-up word's sentence names the argument's kind (``KIND_NOUNS``)."""
     n = len(t.phrasings)
     if phrasing < n:
         return t.phrasings[phrasing]
@@ -747,6 +757,8 @@ def phrasing_text(t: Template, phrasing: int, args: str | None = None) -> str:
             raise ValueError("a vague phrasing's word depends on the argument names")
         word = vague_word(t, args, phrasing - n - 1 - DECOYS)
     of = "{a} and {b}" if t.kind == "pair" else "{a}"
+    if kinded:
+        of = f"the {KIND_NOUNS[t.kind]} {of}"
     with_k = " with {k}" if "{k}" in t.body else ""
     return f"{_W} the {word} of {of}{with_k}."
 
@@ -763,7 +775,8 @@ def _template_variants(
         for name in dict.fromkeys(pool):
             for args in arg_pool:
                 for phrasing in wording:
-                    out.append(Variant(t, name, args, const, phrasing))
+                    kinded = phrasings == "kinds" and phrasing >= len(t.phrasings)
+                    out.append(Variant(t, name, args, const, phrasing, kinded=kinded))
     return out
 
 
@@ -812,7 +825,7 @@ def render(v: Variant) -> dict[str, str]:
     names = [a.strip() for a in v.args.split(",")]
     fill = {"a": names[0], "b": names[-1], "k": "" if v.const is None else v.const}
     sig = f"{v.name}({v.args})"
-    spec = phrasing_text(t, v.phrasing, v.args).format(sig=sig, f=v.name, **fill)
+    spec = phrasing_text(t, v.phrasing, v.args, v.kinded).format(sig=sig, f=v.name, **fill)
     gold = f"def {sig}:\n    return {t.body.format(**fill)}\n"
     scope: dict = {}
     exec(gold, scope)  # our own one-line gold: the expected values come from it

@@ -225,6 +225,39 @@ def test_a_coined_word_is_shown_by_grades_alone():
     )
 
 
+def test_kinds_name_the_argument_kind_in_every_made_up_word_sentence():
+    """``phrasings="kinds"``: the vague mode's tasks, each made-up word's sentence (the
+    coined word's and the vague words') naming the argument's kind, so that a coined word
+    asks for one of its kind's operations. The sentences that describe an operation in
+    words are the vague mode's own; the coined word still has no gold in any split, and
+    held-out and validation hold the same (operation, argument, phrasing) tasks as there."""
+    from gyre_env.tasks.nano import KIND_NOUNS, coined_word, is_coined, is_decoy
+
+    def shape(v):
+        return (v.template.key, v.args, v.phrasing, v.gold)
+
+    kinds, vague = {**KW, "phrasings": "kinds"}, {**KW, "phrasings": "vague"}
+    for split in ("train", "fit", "heldout", "validation"):
+        ours, theirs = (
+            sample_variants(split, None, 0, **kinds),
+            sample_variants(split, None, 0, **vague),
+        )
+        assert sorted(map(shape, ours)) == sorted(map(shape, theirs)), split
+        for v in ours:
+            t, spec = v.template, render(v)["spec.md"]
+            names = [a.strip() for a in v.args.split(",")]
+            made_up = is_coined(t, v.phrasing) or is_decoy(t, v.phrasing)
+            assert v.kinded == made_up
+            noun = f"of the {KIND_NOUNS[t.kind]} {names[0]}"
+            assert noun in spec or not made_up, spec
+            if is_coined(t, v.phrasing):
+                assert not v.gold and f"the {coined_word(t)} of the " in spec
+                k = "" if v.const is None else v.const
+                assert t.body.format(a=names[0], b=names[-1], k=k) not in spec
+        same = {v.task_id for v in theirs if not (v.phrasing >= len(v.template.phrasings))}
+        assert same <= {v.task_id for v in ours}, split  # word sentences: the same tasks
+
+
 @pytest.mark.parametrize("mode", ["decoys", "vague"])
 def test_decoy_words_teach_in_training_only_and_never_the_coined_word(mode):
     """``phrasings="decoys"``: the coined phrasing as before, and ``DECOYS`` more per
