@@ -25,7 +25,10 @@ from gyre_env.tasks.splits import split_gold
 from gyre_env.train.config import load_config
 
 PRESET = load_config(preset="cpu-demo")
-KW = dict(PRESET.tasks.suite_kwargs)
+PRESET_KW = dict(PRESET.tasks.suite_kwargs)
+KW = {**PRESET_KW, "phrasings": "words"}
+"""The preset's tasks with the sentences that describe an operation in words only (the
+coined and made-up words are checked on their own, below)."""
 ALL_OPS = set(KW["only"].split(","))
 ONE_PHRASING = {**KW, "gold_phrasing": 0}
 """The preset's tasks with gold on the first phrasing of each operation only."""
@@ -68,6 +71,29 @@ def test_every_operation_is_in_heldout_with_gold_and_every_phrasing(splits):
     for key in ALL_OPS:
         t = next(t for t in TEMPLATES if t.key == key)
         assert {v.phrasing for v in held if v.template is t} == set(word_phrasings(t))
+
+
+def test_the_presets_heldout_holds_coined_words_no_gold_shows():
+    """The preset's curriculum (``phrasings="kinds"``): held-out is every operation with
+    each held-out name in its two word sentences and its coined word's; no held-out
+    hidden-test file or argument name is a training task's; no coined word has gold in
+    any split, and training holds every coined word (RL's attempts can learn it)."""
+    from gyre_env.tasks.nano import coined_word, is_coined, phrasing_indices
+
+    assert PRESET_KW["phrasings"] == "kinds"
+    train = sample_variants("train", None, 0, **PRESET_KW)
+    held = sample_variants("heldout", None, 0, **PRESET_KW)
+    assert len(held) == PRESET.tasks.heldout_count and len(train) == PRESET.tasks.train_count
+    assert not {_hidden(v) for v in train} & {_hidden(v) for v in held}
+    assert not {v.args for v in train} & {v.args for v in held}
+    for key in ALL_OPS:
+        t = next(t for t in TEMPLATES if t.key == key)
+        mine = [v for v in held if v.template is t]
+        assert {v.phrasing for v in mine} == set(phrasing_indices(t, "coined")), key
+        coined = [v for v in train + held if v.template is t and is_coined(t, v.phrasing)]
+        assert coined and not any(v.gold or "gold/solution.py" in render(v) for v in coined)
+        assert {v.args for v in coined} & {v.args for v in train}, key  # RL meets the word
+        assert all(coined_word(t) in render(v)["spec.md"] for v in coined)
 
 
 def test_gold_phrasing_leaves_the_other_phrasings_without_gold_anywhere():
@@ -120,13 +146,9 @@ def test_gold_only_leaves_whole_operations_without_gold(tmp_path):
         sample_variants("train", 10, 0, **{**KW, "gold_phrasing": 5})
 
 
-def test_the_preset_evaluates_the_whole_heldout_split_and_trains_on_the_rest(splits):
-    assert PRESET.tasks.heldout_count == len(splits["heldout"])
-    assert PRESET.tasks.train_count == len(splits["train"])
-
-
-def test_no_spec_states_its_answer(splits):
-    for v in splits["train"] + splits["heldout"]:
+def test_no_spec_states_its_answer():
+    preset = [v for s in ("train", "heldout") for v in sample_variants(s, None, 0, **PRESET_KW)]
+    for v in preset:
         files = render(v)
         names = [a.strip() for a in v.args.split(",")]
         body = v.template.body.format(a=names[0], b=names[-1], k="")

@@ -158,7 +158,7 @@ def test_the_benchmark_runs_every_arm_end_to_end(bench, tmp_path, capsys):
         "model.context_length=1024", "tasks.train_count=60", "tasks.heldout_count=6",
         "sft.trajectories=4", "sft.steps=2", "sft.batch_size=2", "sft.steps_per_iteration=2",
         "rollout.group_size=2", "rollout.tasks_per_iteration=2", "rollout.max_new_tokens=16",
-        "rollout.parallel=4", "schedule.optimizer_steps=1",
+        "rollout.parallel=4", "schedule.optimizer_steps=1", "schedule.epochs=1",
         "algorithm.skip_zero_variance=false",
     ]  # fmt: skip
     out = tmp_path / "bench"
