@@ -4,6 +4,7 @@ against baselines that need no learning, over several seeds.
     python benchmarks/train_cpu.py                             # seeds 0 1 2, held-out
     python benchmarks/train_cpu.py --split validation --seeds 1  # for choosing settings
     python benchmarks/train_cpu.py --curve OUT/seed1/rl          # RL's training pass rate
+    python benchmarks/train_cpu.py --answers OUT/seed1/rl        # what it wrote at coined words
 
 Per seed S (the seed sets the model's initial weights, the tasks drawn and sampling):
 
@@ -39,7 +40,9 @@ Prints the table, checks the targets, and writes ``summary.json`` and ``arms.png
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -330,6 +333,84 @@ def print_curve(run: Path) -> None:
         print(f"{row['iterations']:<12}{cells[0]:>22}{cells[1]:>24}")
 
 
+def _answer_patterns(keys) -> dict[str, re.Pattern]:
+    """Per nano operation, a pattern for its returned expression around any names."""
+    from gyre_env.tasks.nano import TEMPLATES
+
+    out = {}
+    for t in TEMPLATES:
+        if t.key in keys:
+            parts = re.split(r"(\{[abk]\})", t.body)
+            body = "".join(r"\w+" if p in ("{a}", "{b}", "{k}") else re.escape(p) for p in parts)
+            out[t.key] = re.compile(r"return\s+" + body)
+    return out
+
+
+def answers(run: Path, parts: int = 3) -> list[dict]:
+    """What RL's training attempts in ``run`` wrote at tasks without gold, its iterations
+    cut into ``parts`` blocks: per block and asked-for operation, how often each operation's
+    expression was written (``?``: none of them) and how often that attempt passed. With
+    the coined phrasings, these are the coined words, and this says which word RL learned
+    and what it answers the others with."""
+    from gyre_env.config import from_dict
+    from gyre_env.engines.tiny import load_tokenizer
+    from gyre_env.scoring.nano_baselines import template_of
+    from gyre_env.train.config import TasksConfig
+    from gyre_env.train.setup import task_splits
+    from gyre_env.trajectory.store import TrajectoryStore
+
+    tasks = json.loads((run / "config.json").read_text(encoding="utf-8"))["tasks"]
+    train, _ = task_splits(from_dict(TasksConfig, tasks))
+    asked = {t.id: template_of(t).key for t in train if t.gold_dir is None}
+    patterns = _answer_patterns(set(template_of(t).key for t in train))
+    eps = []
+    for line in (run / "episodes.jsonl").read_text(encoding="utf-8").splitlines():
+        ep = json.loads(line)
+        head, it = ep["session"].split(".")[:2]
+        if head == "rl" and ep["reward_valid"] and ep["task_id"] in asked:
+            eps.append((int(it), ep))
+    if not eps:
+        return []
+    tok = load_tokenizer(run / "model-sft" if (run / "model-sft").is_dir() else run / "model")
+    last = max(it for it, _ in eps) + 1
+    parts = max(1, min(parts, last))  # no empty block
+    counts: dict = collections.defaultdict(collections.Counter)
+    with TrajectoryStore(run / "store.db") as store:
+        for it, ep in eps:
+            text = "".join(tok.decode(r.output_ids) for r in store.records([ep["session"]]))
+            text = text.replace("\\n", "\n")  # the tool call's JSON-escaped file
+            wrote = next((op for op, pat in patterns.items() if pat.search(text)), "?")
+            block = min(parts - 1, it * parts // last)
+            passed = (ep["score"] or 0.0) >= 1.0
+            counts[(block, asked[ep["task_id"]])][(wrote, passed)] += 1
+    rows = []
+    for (block, op), c in sorted(counts.items()):
+        lo, hi = block * last // parts, (block + 1) * last // parts - 1
+        wrote = collections.Counter()
+        for (w, _), n in c.items():
+            wrote[w] += n
+        rows.append(
+            {
+                "iterations": f"{lo}-{hi}",
+                "asked": op,
+                "attempts": sum(c.values()),
+                "passed": sum(n for (_, p), n in c.items() if p),
+                "wrote": dict(wrote.most_common()),
+            }
+        )
+    return rows
+
+
+def print_answers(run: Path) -> None:
+    print(f"{run}: RL's training attempts at tasks without gold, what they wrote")
+    for row in answers(run):
+        wrote = ", ".join(f"{w} {n}" for w, n in row["wrote"].items())
+        print(
+            f"iterations {row['iterations']:<8} {row['asked']:<9} "
+            f"passed {row['passed']}/{row['attempts']}: wrote {wrote}"
+        )
+
+
 def _mean(per_task: dict) -> float:
     return float(np.mean(list(per_task.values()))) if per_task else float("nan")
 
@@ -571,11 +652,27 @@ def main(argv=None) -> int:
         "gyre train folders, on tasks with gold and without",
     )
     p.add_argument(
+        "--answers",
+        metavar="RUN",
+        nargs="+",
+        help="run nothing: print what RL's training attempts in these gyre train folders "
+        "wrote at the tasks without gold (coined words), by block of iterations",
+    )
+    p.add_argument(
         "--show",
         metavar="RESULTS",
         help="run nothing: print the table of a results file, and its README markdown",
     )
     args = p.parse_args(argv)
+    if args.answers:
+        for run in map(Path, args.answers):
+            missing = [
+                f for f in ("config.json", "episodes.jsonl", "store.db") if not (run / f).is_file()
+            ]
+            if missing:
+                p.error(f"--answers {run}: not a gyre train folder (no {' or '.join(missing)})")
+            print_answers(run)
+        return 0
     if args.curve:
         for run in map(Path, args.curve):
             missing = [f for f in ("config.json", "episodes.jsonl") if not (run / f).is_file()]

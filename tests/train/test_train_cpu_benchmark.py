@@ -150,6 +150,64 @@ def test_curve_counts_rl_attempts_by_block_and_by_gold(bench, tmp_path, capsys):
     assert "not a gyre train folder (no config.json or episodes.jsonl)" in capsys.readouterr().err
 
 
+def test_answers_names_the_operation_each_attempt_wrote(bench, tmp_path, tiny_path, capsys):
+    """``--answers`` reads a run folder's store: for RL's attempts at tasks without gold,
+    which operation's expression each wrote (around any names), and how many passed."""
+    from gyre_env.engines.tiny import load_tokenizer
+    from gyre_env.tasks.splits import load_splits
+    from gyre_env.trajectory.records import CallRecord
+    from gyre_env.trajectory.store import TrajectoryStore
+
+    kw = {"names": "fixed", "only": "upper,sum", "phrasings": "words", "gold_phrasing": 0}
+    tasks = {"suite": "nano", "train_count": 12, "heldout_count": 2, "seed": 0}
+    tasks.update(suite_kwargs=kw, eval_suite_kwargs={}, eval_split="heldout")
+    train, _ = load_splits(**tasks)
+    upper = next(t.id for t in train if not t.gold_dir and "-upper-" in t.id)
+    gold = next(t.id for t in train if t.gold_dir)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"tasks": tasks}))
+    (run / "model-sft").symlink_to(tiny_path)
+    tok = load_tokenizer(tiny_path)
+    wrote = {  # session -> (task, file the attempt wrote, score)
+        "rl.0000.r0.0.a.0": (upper, "def solve(s):\n    return s.upper()\n", 1.0),
+        "rl.0000.r0.0.a.1": (upper, "def solve(s):\n    return sum(word)\n", 0.0),
+        "rl.0001.r0.0.a.0": (upper, "def solve(s):\n    return sorted(s > 0)\n", 0.0),
+        "rl.0001.r0.0.b.0": (gold, "def solve(s):\n    return s.upper()\n", 1.0),  # has gold
+    }
+    lines = []
+    with TrajectoryStore(run / "store.db") as store:
+        for session, (task, text, score) in wrote.items():
+            call = f'<tool_call>\n{{"name": "write_file", "arguments": {{"content": {json.dumps(text)}}}}}'
+            out = tok.encode(call)
+            store.write(
+                CallRecord(
+                    session=session, call_index=0, branch="b0", parent=None, role="main",
+                    prompt_ids=[1, 2], output_ids=out, output_logprobs=[-0.5] * len(out),
+                    weight_version=0,
+                )
+            )  # fmt: skip
+            ep = {"session": session, "task_id": task, "score": score, "reward_valid": True}
+            lines.append(json.dumps(ep))
+    (run / "episodes.jsonl").write_text("\n".join(lines) + "\n")
+    rows = bench.answers(run, parts=2)
+    assert rows == [
+        {"iterations": "0-0", "asked": "upper", "attempts": 2, "passed": 1,
+         "wrote": {"upper": 1, "sum": 1}},
+        {"iterations": "1-1", "asked": "upper", "attempts": 1, "passed": 0, "wrote": {"?": 1}},
+    ]  # fmt: skip
+    assert bench.main(["--answers", str(run)]) == 0
+    printed = capsys.readouterr().out  # three blocks asked, two iterations run
+    lines = [" ".join(line.split()) for line in printed.splitlines()[1:]]
+    assert lines == [
+        "iterations 0-0 upper passed 1/2: wrote upper 1, sum 1",
+        "iterations 1-1 upper passed 0/1: wrote ? 1",
+    ]
+    with pytest.raises(SystemExit):
+        bench.main(["--answers", str(tmp_path)])
+    assert "not a gyre train folder" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.bwrap
 def test_the_benchmark_runs_every_arm_end_to_end(bench, tmp_path, capsys):

@@ -15,6 +15,7 @@ from gyre_env.train.config import ConfigError, TrainConfig, apply_overrides, fro
 pytestmark = pytest.mark.docker
 
 TINY = [
+    "schedule.epochs=1",  # the toy makes one pass over each iteration's groups
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
     "model.context_length=1024", "tasks.train_count=50", "tasks.heldout_count=2",
     "rollout.group_size=2", "rollout.tasks_per_iteration=2", "rollout.max_new_tokens=16",

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "engines"))
 from fake_sglang import FakeServer, FakeState  # noqa: E402
 
 TINY = [
+    "schedule.epochs=1",  # the toy makes one pass over each iteration's groups
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
     "model.context_length=1024", "tasks.train_count=50", "tasks.heldout_count=2",
     "rollout.group_size=2", "rollout.tasks_per_iteration=2", "rollout.max_new_tokens=16",
