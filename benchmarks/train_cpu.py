@@ -287,24 +287,35 @@ def baselines(args, cfg) -> tuple[dict, dict, dict]:
     return base, fam, {t.id: t.gold_dir is not None for t in pool.heldout}
 
 
-def curve(run: Path, parts: int = 4) -> list[dict]:
-    """RL's own training attempts in ``run`` (a ``gyre train`` folder), its iterations cut
-    into ``parts`` equal blocks: per block, the pass rate on training tasks that carry gold
-    and on those that do not (their operation and phrasing are in no gold trajectory, as
-    with ``gold_phrasing``). What RL learns where gold cannot teach, read during the run."""
+def _rl_attempts(run: Path) -> tuple[list, list[tuple[int, dict]]]:
+    """The training tasks of ``run`` (a ``gyre train`` folder) and RL's graded attempts
+    at them, as (iteration, episode row)."""
     from gyre_env.config import from_dict
     from gyre_env.train.config import TasksConfig
     from gyre_env.train.setup import task_splits
 
     tasks = json.loads((run / "config.json").read_text(encoding="utf-8"))["tasks"]
     train, _ = task_splits(from_dict(TasksConfig, tasks))
-    gold = {task.id: task.gold_dir is not None for task in train}
-    attempts = []  # (iteration, has gold, passed)
+    ids = {task.id for task in train}
+    attempts = []
     for line in (run / "episodes.jsonl").read_text(encoding="utf-8").splitlines():
         ep = json.loads(line)
         head, it = ep["session"].split(".")[:2]
-        if head == "rl" and ep["reward_valid"] and ep["task_id"] in gold:
-            attempts.append((int(it), gold[ep["task_id"]], (ep["score"] or 0.0) >= 1.0))
+        if head == "rl" and ep["reward_valid"] and ep["task_id"] in ids:
+            attempts.append((int(it), ep))
+    return train, attempts
+
+
+def curve(run: Path, parts: int = 4) -> list[dict]:
+    """RL's own training attempts in ``run`` (a ``gyre train`` folder), its iterations cut
+    into ``parts`` equal blocks: per block, the pass rate on training tasks that carry gold
+    and on those that do not (their operation and phrasing are in no gold trajectory, as
+    with ``gold_phrasing``). What RL learns where gold cannot teach, read during the run."""
+    train, eps = _rl_attempts(run)
+    gold = {task.id: task.gold_dir is not None for task in train}
+    attempts = [  # (iteration, has gold, passed)
+        (it, gold[ep["task_id"]], (ep["score"] or 0.0) >= 1.0) for it, ep in eps
+    ]
     if not attempts:
         return []
     last = max(a[0] for a in attempts) + 1
@@ -352,23 +363,14 @@ def answers(run: Path, parts: int = 3) -> list[dict]:
     expression was written (``?``: none of them) and how often that attempt passed. With
     the coined phrasings, these are the coined words, and this says which word RL learned
     and what it answers the others with."""
-    from gyre_env.config import from_dict
     from gyre_env.engines.tiny import load_tokenizer
     from gyre_env.scoring.nano_baselines import template_of
-    from gyre_env.train.config import TasksConfig
-    from gyre_env.train.setup import task_splits
     from gyre_env.trajectory.store import TrajectoryStore
 
-    tasks = json.loads((run / "config.json").read_text(encoding="utf-8"))["tasks"]
-    train, _ = task_splits(from_dict(TasksConfig, tasks))
+    train, eps = _rl_attempts(run)
     asked = {t.id: template_of(t).key for t in train if t.gold_dir is None}
     patterns = _answer_patterns(set(template_of(t).key for t in train))
-    eps = []
-    for line in (run / "episodes.jsonl").read_text(encoding="utf-8").splitlines():
-        ep = json.loads(line)
-        head, it = ep["session"].split(".")[:2]
-        if head == "rl" and ep["reward_valid"] and ep["task_id"] in asked:
-            eps.append((int(it), ep))
+    eps = [(it, ep) for it, ep in eps if ep["task_id"] in asked]
     if not eps:
         return []
     tok = load_tokenizer(run / "model-sft" if (run / "model-sft").is_dir() else run / "model")
