@@ -182,7 +182,9 @@ class AlgorithmConfig:
     """Leave out of the optimizer steps the groups whose rewards are all equal (DAPO's
     dynamic-sampling filter): their GRPO advantages are all 0, so they carry no signal,
     cost a forward and backward, and dilute a token-level normaliser. Their share is
-    logged as ``zero_variance_groups``, their count per iteration as ``groups_skipped``."""
+    logged as ``zero_variance_groups``, their count per iteration as ``groups_skipped``.
+    Failed groups given an advantage (``sample.failed_group_advantage``) have signal and
+    train."""
     optim: TorchTrainerConfig | MegatronTrainerConfig = field(
         default_factory=lambda: optim_class("torch")()
     )

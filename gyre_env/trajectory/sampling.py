@@ -75,6 +75,14 @@ class SampleConfig:
     attempts (rejection-sampling RL, RAFT / Reinforce-Rej: the failures' gradient, which
     pushes down whatever a failed attempt shares with every other context, is what
     destabilises a small model trained from scratch); in between weighs them less."""
+    failed_group_advantage: float = 0.0
+    """Advantage of every attempt in a group where no attempt earned any reward (all
+    rewards 0), whose GRPO advantages are all 0. Set it below 0 to push down what such a
+    group wrote: when every attempt at a task repeats one wrong answer, only this moves
+    the policy off it (as NGRPO's virtual best attempt does: in a group of G failures, one
+    virtual success would give each failure -1/(G+1)). Pushing down a token the policy is
+    sure of barely moves it (the gradient of log p vanishes as p -> 1), so the push lands
+    on the uncertain tokens. Applied after ``negative_scale``, which does not scale it."""
     exclude_outcomes: tuple[str, ...] = ("infra_error", "cancelled", "killed")
     """Episode outcomes kept in the store but never trained on (an infrastructure failure;
     an episode the runner cancelled, or closed past its time limit: never graded)."""
@@ -94,6 +102,10 @@ class SampleConfig:
             raise ValueError(f"role_weights is missing roles {sorted(missing)}")
         if not 0.0 <= self.negative_scale <= 1.0:
             raise ValueError(f"negative_scale must be in [0, 1], got {self.negative_scale}")
+        if not -1.0 <= self.failed_group_advantage <= 0.0:
+            raise ValueError(
+                f"failed_group_advantage must be in [-1, 0], got {self.failed_group_advantage}"
+            )
         if self.max_paths_per_episode < 1:
             raise ValueError(
                 f"max_paths_per_episode must be >= 1, got {self.max_paths_per_episode}"
@@ -155,6 +167,8 @@ def group_advantages(tree: TokenTree, cfg: SampleConfig) -> dict[str, float]:
         adv = adv / (rewards.std() + cfg.std_eps)
     if cfg.negative_scale != 1.0:
         adv = np.where(adv < 0, adv * cfg.negative_scale, adv)
+    if cfg.failed_group_advantage and not rewards.any():
+        adv = np.full(len(rewards), cfg.failed_group_advantage)
     return {s: float(a) for s, a in zip(sessions, adv, strict=True)}
 
 

@@ -150,6 +150,26 @@ def test_pass_reward_gives_partial_credit_groups_no_signal():
     assert skipped == 1 and _groups(mbs, trees) == [["solved"]]
 
 
+def test_failed_group_advantage_trains_the_groups_where_every_attempt_failed():
+    """With ``failed_group_advantage`` a group none of whose attempts passed is no longer
+    left out: each attempt is pushed down by that advantage, and nothing else changes."""
+    rng = np.random.default_rng(0)
+    trees = [_group(rng, "partial", [0.0, 0.25, 0.0]), _group(rng, "solved", [0.0, 1.0, 0.25])]
+    base = "algorithm.sample={reward='pass', negative_scale=0.0, failed_group_advantage=%s}"
+    cfg = _cfg(base % "-0.2")
+    mbs, skipped = rl_minibatches(trees, cfg, np.random.default_rng(0))
+    assert skipped == 0 and sorted(sum(_groups(mbs, trees), [])) == ["partial", "solved"]
+    by_prompt = {tuple(t.nodes[1].tokens[:30]): t.group for t in trees}
+    adv = {"partial": set(), "solved": set()}  # each group's loss tokens' advantages
+    for u in (u for mb in mbs for u in mb):
+        for t in np.unique(u.tree_index):
+            here = u.tree_index == t
+            name = by_prompt[tuple(u.input_ids[here][:30])]
+            adv[name].update(round(float(a), 6) for a in u.advantages[here & u.loss_mask])
+    assert adv["partial"] == {-0.2}  # every loss token of the failed group
+    assert min(adv["solved"]) >= 0 and max(adv["solved"]) > 0  # rejection sampling as before
+
+
 def test_validation_split_is_cut_from_the_training_pool_and_leaves_heldout_out():
     sets = ["tasks.train_count=20", "tasks.heldout_count=6",
             "tasks.suite_kwargs={names='fixed', only='upper,reverse'}"]  # fmt: skip

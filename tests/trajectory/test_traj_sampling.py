@@ -74,6 +74,21 @@ def test_negative_scale_weighs_only_the_below_mean_attempts():
         SampleConfig(negative_scale=1.5)
 
 
+def test_failed_group_advantage_pushes_down_only_groups_without_any_reward():
+    (tree,) = _tree()
+    for s in tree.episodes.values():
+        s.reward = 0.0
+    cfg = SampleConfig(negative_scale=0.0, failed_group_advantage=-0.25)
+    assert set(group_advantages(tree, cfg).values()) == {-0.25}
+    assert set(group_advantages(tree, SampleConfig(negative_scale=0.0)).values()) == {0.0}
+    first = sorted(tree.episodes)[0]
+    tree.episodes[first].reward = 1.0  # one success: rejection sampling as without it
+    assert group_advantages(tree, cfg) == group_advantages(tree, SampleConfig(negative_scale=0.0))
+    for bad in (0.5, -1.5):
+        with pytest.raises(ValueError, match="failed_group_advantage"):
+            SampleConfig(failed_group_advantage=bad)
+
+
 def test_units_fit_the_budget_and_every_loss_is_carried_exactly_once():
     trees = _tree() + _tree(seed=5, group="other")
     budget = 700
