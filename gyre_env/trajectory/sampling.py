@@ -76,13 +76,20 @@ class SampleConfig:
     pushes down whatever a failed attempt shares with every other context, is what
     destabilises a small model trained from scratch); in between weighs them less."""
     failed_group_advantage: float = 0.0
-    """Advantage of every attempt in a group where no attempt earned any reward (all
-    rewards 0), whose GRPO advantages are all 0. Set it below 0 to push down what such a
-    group wrote: when every attempt at a task repeats one wrong answer, only this moves
-    the policy off it (as NGRPO's virtual best attempt does: in a group of G failures, one
-    virtual success would give each failure -1/(G+1)). Pushing down a token the policy is
-    sure of barely moves it (the gradient of log p vanishes as p -> 1), so the push lands
-    on the uncertain tokens. Applied after ``negative_scale``, which does not scale it."""
+    """Advantage of the attempts of a group where no attempt earned any reward (all
+    rewards 0), whose GRPO advantages are all 0, chosen by ``failed_group_scope``. Set it
+    below 0 to push down what such a group wrote: when every attempt at a task repeats
+    one wrong answer, nothing else moves the policy off it (NGRPO's virtual best attempt
+    does the same: in a group of G failures one virtual success gives each -1/(G+1)).
+    Applied after ``negative_scale``, which does not scale it."""
+    failed_group_scope: Literal["scored", "all"] = "scored"
+    """Which attempts of a failed group ``failed_group_advantage`` pushes down: ``scored``,
+    those whose graded score is above 0 (well-formed but wrong: with ``reward = "pass"``
+    an answer that passed some hidden tests but not all; with ``reward = "score"`` a
+    failed group has none, so nothing moves); ``all``, every attempt. On the CPU demo
+    ``all`` at -0.1 and -0.5 broke the tool-call format within 4 iterations (every
+    attempt ended without a tool call): a small model's failures early on are mostly
+    malformed, and pushing them all down pushes down the format itself."""
     exclude_outcomes: tuple[str, ...] = ("infra_error", "cancelled", "killed")
     """Episode outcomes kept in the store but never trained on (an infrastructure failure;
     an episode the runner cancelled, or closed past its time limit: never graded)."""
@@ -102,6 +109,10 @@ class SampleConfig:
             raise ValueError(f"role_weights is missing roles {sorted(missing)}")
         if not 0.0 <= self.negative_scale <= 1.0:
             raise ValueError(f"negative_scale must be in [0, 1], got {self.negative_scale}")
+        if self.failed_group_scope not in ("scored", "all"):
+            raise ValueError(
+                f"failed_group_scope must be 'scored' or 'all', got {self.failed_group_scope!r}"
+            )
         if not -1.0 <= self.failed_group_advantage <= 0.0:
             raise ValueError(
                 f"failed_group_advantage must be in [-1, 0], got {self.failed_group_advantage}"
@@ -168,7 +179,9 @@ def group_advantages(tree: TokenTree, cfg: SampleConfig) -> dict[str, float]:
     if cfg.negative_scale != 1.0:
         adv = np.where(adv < 0, adv * cfg.negative_scale, adv)
     if cfg.failed_group_advantage and not rewards.any():
-        adv = np.full(len(rewards), cfg.failed_group_advantage)
+        scores = np.array([tree.episodes[s].reward for s in sessions])
+        pushed = scores > 0 if cfg.failed_group_scope == "scored" else np.ones(len(adv), bool)
+        adv = np.where(pushed, cfg.failed_group_advantage, 0.0)
     return {s: float(a) for s, a in zip(sessions, adv, strict=True)}
 
 

@@ -155,8 +155,10 @@ def test_failed_group_advantage_trains_the_groups_where_every_attempt_failed():
     left out: each attempt is pushed down by that advantage, and nothing else changes."""
     rng = np.random.default_rng(0)
     trees = [_group(rng, "partial", [0.0, 0.25, 0.0]), _group(rng, "solved", [0.0, 1.0, 0.25])]
-    base = "algorithm.sample={reward='pass', negative_scale=0.0, failed_group_advantage=%s}"
-    cfg = _cfg(base % "-0.2")
+    cfg = _cfg(
+        "algorithm.sample={reward='pass', negative_scale=0.0, failed_group_advantage=-0.2,"
+        " failed_group_scope='all'}"
+    )
     mbs, skipped = rl_minibatches(trees, cfg, np.random.default_rng(0))
     assert skipped == 0 and sorted(sum(_groups(mbs, trees), [])) == ["partial", "solved"]
     by_prompt = {tuple(t.nodes[1].tokens[:30]): t.group for t in trees}

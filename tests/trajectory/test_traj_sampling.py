@@ -75,18 +75,29 @@ def test_negative_scale_weighs_only_the_below_mean_attempts():
 
 
 def test_failed_group_advantage_pushes_down_only_groups_without_any_reward():
+    """A group none of whose attempts passed: ``scored`` pushes down its well-formed
+    attempts (some hidden tests passed), ``all`` every attempt; a group with a pass keeps
+    its rejection-sampling advantages."""
     (tree,) = _tree()
-    for s in tree.episodes.values():
-        s.reward = 0.0
-    cfg = SampleConfig(negative_scale=0.0, failed_group_advantage=-0.25)
-    assert set(group_advantages(tree, cfg).values()) == {-0.25}
-    assert set(group_advantages(tree, SampleConfig(negative_scale=0.0)).values()) == {0.0}
-    first = sorted(tree.episodes)[0]
-    tree.episodes[first].reward = 1.0  # one success: rejection sampling as without it
-    assert group_advantages(tree, cfg) == group_advantages(tree, SampleConfig(negative_scale=0.0))
+    names = sorted(tree.episodes)
+    for s, score in zip(names, [0.25, 0.0, 0.25, 0.0], strict=True):
+        tree.episodes[s].reward = score
+    rs = SampleConfig(reward="pass", negative_scale=0.0)
+    scored = SampleConfig(reward="pass", negative_scale=0.0, failed_group_advantage=-0.25)
+    every = SampleConfig(
+        reward="pass", negative_scale=0.0, failed_group_advantage=-0.25, failed_group_scope="all"
+    )
+    assert set(group_advantages(tree, rs).values()) == {0.0}
+    assert [group_advantages(tree, scored)[s] for s in names] == [-0.25, 0.0, -0.25, 0.0]
+    assert set(group_advantages(tree, every).values()) == {-0.25}
+    tree.episodes[names[1]].reward = 1.0  # one success: rejection sampling as without it
+    assert group_advantages(tree, scored) == group_advantages(tree, rs)
+    assert group_advantages(tree, every) == group_advantages(tree, rs)
     for bad in (0.5, -1.5):
         with pytest.raises(ValueError, match="failed_group_advantage"):
             SampleConfig(failed_group_advantage=bad)
+    with pytest.raises(ValueError, match="failed_group_scope"):
+        SampleConfig(failed_group_scope="some")
 
 
 def test_units_fit_the_budget_and_every_loss_is_carried_exactly_once():
