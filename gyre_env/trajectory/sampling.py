@@ -86,10 +86,15 @@ class SampleConfig:
     """Which attempts of a failed group ``failed_group_advantage`` pushes down: ``scored``,
     those whose graded score is above 0 (well-formed but wrong: with ``reward = "pass"``
     an answer that passed some hidden tests but not all; with ``reward = "score"`` a
-    failed group has none, so nothing moves); ``all``, every attempt. On the CPU demo
-    ``all`` at -0.1 and -0.5 broke the tool-call format within 4 iterations (every
-    attempt ended without a tool call): a small model's failures early on are mostly
-    malformed, and pushing them all down pushes down the format itself."""
+    failed group has none, so nothing moves); ``all``, every attempt.
+
+    Neither helps the CPU demo's tiny model (validation split, one seed, from one SFT
+    checkpoint): ``all`` at -0.1 and -0.5, and ``scored`` at -0.2 and -0.5, broke the
+    tool-call format within 3-4 RL iterations (from then on nearly every attempt ended
+    without a tool call), while the same run without it kept passing. A minibatch that
+    only pushes down gets a full-size Adam step, and the attempts share the format with
+    every other; ``scored`` started it from two pushed attempts. Left at 0 in the
+    presets; meant for models whose format is not at stake."""
     exclude_outcomes: tuple[str, ...] = ("infra_error", "cancelled", "killed")
     """Episode outcomes kept in the store but never trained on (an infrastructure failure;
     an episode the runner cancelled, or closed past its time limit: never graded)."""
