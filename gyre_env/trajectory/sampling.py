@@ -89,7 +89,7 @@ class SampleConfig:
     failed group has none, so nothing moves); ``all``, every attempt.
 
     Neither helps the CPU demo's tiny model (validation split, one seed, from one SFT
-    checkpoint): ``all`` at -0.1 and -0.5, and ``scored`` at -0.2 and -0.5, broke the
+    checkpoint): ``all`` at -0.1, -0.2 and -0.5, and ``scored`` at -0.2 and -0.5, broke the
     tool-call format within 3-4 RL iterations (from then on nearly every attempt ended
     without a tool call), while the same run without it kept passing. A minibatch that
     only pushes down gets a full-size Adam step, and the attempts share the format with
