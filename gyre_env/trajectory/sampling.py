@@ -177,15 +177,15 @@ def group_advantages(tree: TokenTree, cfg: SampleConfig) -> dict[str, float]:
     sessions = [s for s, e in tree.episodes.items() if e.outcome not in cfg.exclude_outcomes]
     if not sessions:
         return {}
-    rewards = np.array([episode_reward(tree.episodes[s].reward, cfg) for s in sessions])
+    scores = np.array([tree.episodes[s].reward for s in sessions])  # as stored
+    rewards = np.array([episode_reward(x, cfg) for x in scores])
     adv = rewards - rewards.mean()
     if cfg.normalize_std:
         adv = adv / (rewards.std() + cfg.std_eps)
     if cfg.negative_scale != 1.0:
         adv = np.where(adv < 0, adv * cfg.negative_scale, adv)
     if cfg.failed_group_advantage and not rewards.any():
-        scores = np.array([tree.episodes[s].reward for s in sessions])
-        pushed = scores > 0 if cfg.failed_group_scope == "scored" else np.ones(len(adv), bool)
+        pushed = scores > 0 if cfg.failed_group_scope == "scored" else np.full(len(scores), True)
         adv = np.where(pushed, cfg.failed_group_advantage, 0.0)
     return {s: float(a) for s, a in zip(sessions, adv, strict=True)}
 
