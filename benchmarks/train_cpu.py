@@ -555,6 +555,43 @@ def print_table(res: dict, split: str) -> None:
         print(f"target {name} {t['want']}: {'met' if t['met'] else 'NOT met'}")
 
 
+def _load_results(p: argparse.ArgumentParser, path: str) -> dict:
+    """A results file for ``--show``, or a parser error that says what is wrong with it."""
+    try:
+        res = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        p.error(f"--show {path}: {e.strerror or e}")
+    except json.JSONDecodeError as e:
+        p.error(f"--show {path}: not JSON ({e})")
+    want = (
+        ("split", "seed", "iterations", "attempts_per_task", "arms", "commit")
+        if isinstance(res, dict) and res.get("kind") == "rl_variants"
+        else ("seeds", "split", "arms", "per_seed", "baselines", "commit", "measured_at", "command")
+    )
+    missing = [k for k in want if not isinstance(res, dict) or k not in res]
+    if missing:
+        p.error(f"--show {path}: not a results file of this benchmark (no {', '.join(missing)})")
+    return res
+
+
+def print_variants(res: dict) -> None:
+    """A file of RL settings tried on one seed from one SFT checkpoint (no controls)."""
+    print(
+        f"{res['split']} pass rate, seed {res['seed']}, {res['iterations']} RL iterations, "
+        f"{res['attempts_per_task']} sampled attempts per task"
+    )
+    print(f"{'arm':<16}{'all':>7}{'gold-phrasing':>15}{'coined':>8}  what it changed")
+    for name, a in res["arms"].items():
+        print(
+            f"{name:<16}{a['all']:7.3f}{a['gold_phrasing']:15.3f}{a['coined']:8.3f}  {a['label']}"
+        )
+    for name, rate in res.get("baselines", {}).items():
+        print(f"{'no-learning baseline: ' + name:<46}{rate:7.3f}")
+    print(
+        f"\nmeasured at {res['commit']} ({res.get('measured_at', '?')}): {res.get('command', '?')}"
+    )
+
+
 def markdown(res: dict) -> str:
     """The README's table and differences, from a results file's figures."""
     seeds = res["seeds"]
@@ -694,7 +731,10 @@ def main(argv=None) -> int:
             print_curve(Path(run))
         return 0
     if args.show:
-        res = json.loads(Path(args.show).read_text(encoding="utf-8"))
+        res = _load_results(p, args.show)
+        if res.get("kind") == "rl_variants":
+            print_variants(res)
+            return 0
         print_table(res, res["split"])
         print(f"\nmeasured at {res['commit']} ({res['measured_at']}): {res['command']}\n")
         print(markdown(res))
