@@ -131,7 +131,8 @@ def check_copy_floors(c: Checks, args, out: Path) -> dict[str, float]:
 # ---- the checks that run other scripts --------------------------------------------------
 def check_switch(c: Checks, args, out: Path, floors: dict) -> None:
     size = "tiny" if args.smoke else "1.5b"
-    cmd = [sys.executable, str(BENCH / "cell_switch.py"), "--size", size, "--rounds", "3"]
+    rounds = "1" if args.smoke else "3"  # --smoke checks the script, not the figure
+    cmd = [sys.executable, str(BENCH / "cell_switch.py"), "--size", size, "--rounds", rounds]
     cmd += ["--dtype", "float32" if args.smoke else "bfloat16"]
     code, stdout, why = run("switch", cmd, out, args.timeout)
     trip = re.search(r"round trip \(both switches\): ([\d.]+) ms", stdout)
@@ -163,7 +164,8 @@ def check_megatron(c: Checks, args, out: Path) -> None:
 
 
 def check_tree(c: Checks, args, out: Path, model: str | None) -> None:
-    cmd = [sys.executable, str(BENCH / "train_throughput.py"), "--repeats", "3"]
+    repeats = "1" if args.smoke else "3"
+    cmd = [sys.executable, str(BENCH / "train_throughput.py"), "--repeats", repeats]
     cmd += ["--device", "cpu", "--groups", "2"] if args.smoke else ["--device", "cuda"]
     cmd += ["--dtype", "float32" if args.smoke else "bfloat16"]
     if model:
