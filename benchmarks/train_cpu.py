@@ -563,12 +563,14 @@ def _load_results(p: argparse.ArgumentParser, path: str) -> dict:
         p.error(f"--show {path}: {e.strerror or e}")
     except json.JSONDecodeError as e:
         p.error(f"--show {path}: not JSON ({e})")
-    want = (
-        ("split", "seed", "iterations", "attempts_per_task", "arms", "commit")
-        if isinstance(res, dict) and res.get("kind") == "rl_variants"
-        else ("seeds", "split", "arms", "per_seed", "baselines", "commit", "measured_at", "command")
-    )
-    missing = [k for k in want if not isinstance(res, dict) or k not in res]
+    if not isinstance(res, dict):
+        p.error(f"--show {path}: not a results file of this benchmark (not a JSON object)")
+    want = ["split", "arms", "commit", "measured_at", "command"]
+    if res.get("kind") == "rl_variants":
+        want += ["seed", "iterations", "attempts_per_task"]
+    else:
+        want += ["seeds", "per_seed", "baselines"]
+    missing = [k for k in want if k not in res]
     if missing:
         p.error(f"--show {path}: not a results file of this benchmark (no {', '.join(missing)})")
     return res
@@ -587,9 +589,6 @@ def print_variants(res: dict) -> None:
         )
     for name, rate in res.get("baselines", {}).items():
         print(f"{'no-learning baseline: ' + name:<46}{rate:7.3f}")
-    print(
-        f"\nmeasured at {res['commit']} ({res.get('measured_at', '?')}): {res.get('command', '?')}"
-    )
 
 
 def markdown(res: dict) -> str:
@@ -732,12 +731,14 @@ def main(argv=None) -> int:
         return 0
     if args.show:
         res = _load_results(p, args.show)
-        if res.get("kind") == "rl_variants":
+        variants = res.get("kind") == "rl_variants"
+        if variants:
             print_variants(res)
-            return 0
-        print_table(res, res["split"])
+        else:
+            print_table(res, res["split"])
         print(f"\nmeasured at {res['commit']} ({res['measured_at']}): {res['command']}\n")
-        print(markdown(res))
+        if not variants:
+            print(markdown(res))
         return 0
     if args.eval_attempts < 1:
         p.error(f"--eval-attempts must be >= 1, got {args.eval_attempts}")
