@@ -192,7 +192,9 @@ def pack(unit: TrainingUnit, *, flat: bool = False) -> PackedTree:
     cols = []
     for i, e in enumerate(entries):
         parent_last = offsets[e.parent] + lengths[e.parent] - 1 if e.parent >= 0 else -1
-        col = _entry_arrays(e, offsets[i], parent_last, start_depth[i], unit.role_weights)
+        col = _entry_arrays(
+            e, offsets[i], parent_last, start_depth[i], unit.role_weights, unit.negative_tokens
+        )
         col["subtree_end"] = np.full(lengths[i], sub_end[i], np.int64)
         col["tree_index"] = np.full(lengths[i], part_index[id(e.part)], np.int32)
         col["node_ids"] = np.full(lengths[i], e.node, np.int32)
@@ -201,7 +203,12 @@ def pack(unit: TrainingUnit, *, flat: bool = False) -> PackedTree:
 
 
 def _entry_arrays(
-    e: _Entry, offset: int, parent_last: int, depth0: int, role_weights: dict[str, float]
+    e: _Entry,
+    offset: int,
+    parent_last: int,
+    depth0: int,
+    role_weights: dict[str, float],
+    negative_tokens: str = "all",
 ) -> dict:
     """Token arrays of one laid-out node, loss coefficients summed over its samplers."""
     node = e.part.tree.nodes[e.node]
@@ -219,6 +226,11 @@ def _entry_arrays(
         adv = adv / weight if weight else 0.0
     loss = np.full(n, weight > 0)
     loss &= parent_index >= 0
+    if adv < -1e-9 and negative_tokens == "branch":
+        tree = e.part.tree
+        loss[1:] = False  # a below-mean span trains only the token where it parted
+        if len(tree.nodes[node.parent].children) < 2:
+            loss[0] = False  # not a parting: a call boundary or an unshared span
     return {
         "input_ids": node.tokens.astype(np.int64),
         "position_ids": np.arange(depth0, depth0 + n, dtype=np.int64),

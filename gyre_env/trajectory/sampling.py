@@ -75,6 +75,15 @@ class SampleConfig:
     attempts (rejection-sampling RL, RAFT / Reinforce-Rej: the failures' gradient, which
     pushes down whatever a failed attempt shares with every other context, is what
     destabilises a small model trained from scratch); in between weighs them less."""
+    negative_tokens: Literal["all", "branch"] = "all"
+    """Which sampled tokens of a below-mean attempt its negative advantage trains. ``all``:
+    every one (GRPO). ``branch``: only the first token of each span where the group's
+    attempts part (a tree node whose parent has several children): the choice at which
+    the attempt went another way than its siblings. The tokens it shares with its group
+    carry the group's mean advantage either way (0 where every attempt shares them); what
+    ``branch`` spares are the tokens that follow its choice in a span of its own - the
+    tool-call format and code after a wrong operation, which a push on every token
+    teaches the policy to stop writing. Above-mean attempts train on every token."""
     failed_group_advantage: float = 0.0
     """Advantage of the attempts of a group where no attempt earned any reward (all
     rewards 0), whose GRPO advantages are all 0, chosen by ``failed_group_scope``. Set it
@@ -114,6 +123,10 @@ class SampleConfig:
             raise ValueError(f"role_weights is missing roles {sorted(missing)}")
         if not 0.0 <= self.negative_scale <= 1.0:
             raise ValueError(f"negative_scale must be in [0, 1], got {self.negative_scale}")
+        if self.negative_tokens not in ("all", "branch"):
+            raise ValueError(
+                f"negative_tokens must be 'all' or 'branch', got {self.negative_tokens!r}"
+            )
         if self.failed_group_scope not in ("scored", "all"):
             raise ValueError(
                 f"failed_group_scope must be 'scored' or 'all', got {self.failed_group_scope!r}"
@@ -152,6 +165,8 @@ class TrainingUnit:
     parts: list[UnitPart]
     role_weights: dict[str, float]
     num_tokens: int
+    negative_tokens: str = "all"
+    """``SampleConfig.negative_tokens``: which tokens a below-mean node trains."""
 
 
 @dataclass(kw_only=True)
@@ -209,6 +224,7 @@ class _UnitBuilder:
                     parts=self.parts,
                     role_weights=dict(self.cfg.role_weights),
                     num_tokens=self.tokens,
+                    negative_tokens=self.cfg.negative_tokens,
                 )
             )
         self.parts, self.tokens = [], 0

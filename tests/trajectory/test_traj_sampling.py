@@ -74,6 +74,40 @@ def test_negative_scale_weighs_only_the_below_mean_attempts():
         SampleConfig(negative_scale=1.5)
 
 
+def test_branch_negatives_push_down_only_the_token_where_a_worse_attempt_parted():
+    """``negative_tokens = "branch"``: a below-mean attempt is pushed down at the first
+    token where it went another way than its group, not on the format that follows; the
+    better attempt trains on all of its tokens and the shared prefix keeps its mean."""
+    from gyre_env.trajectory.tree import TokenTree
+
+    prompt = [1, 2, 3]
+    tree = TokenTree(group="g")
+    outputs = {"a": [7, 8, 9, 10], "b": [7, 8, 11, 12, 13], "c": [14, 15, 16]}
+    for s, out in outputs.items():
+        tree.add_episode(EpisodeInfo(session=s, group="g", task="t", reward=float(s == "a")))
+        tree.add_call(rec(s, 0, prompt, out))
+
+    def trained(negative_tokens):
+        cfg = SampleConfig(reward="pass", negative_tokens=negative_tokens)
+        (unit,) = bounded_samples([tree], cfg)[0]
+        p = pack(unit)
+        return {
+            int(t): float(a)
+            for t, a, m in zip(p.input_ids, p.advantages, p.loss_mask, strict=True)
+            if m
+        }
+
+    every = trained("all")
+    assert every == pytest.approx({7: 1 / 6, 8: 1 / 6, 9: 2 / 3, 10: 2 / 3, 11: -1 / 3,
+                                   12: -1 / 3, 13: -1 / 3, 14: -1 / 3, 15: -1 / 3, 16: -1 / 3})  # fmt: skip
+    branch = trained("branch")
+    assert branch == pytest.approx(
+        {7: 1 / 6, 8: 1 / 6, 9: 2 / 3, 10: 2 / 3, 11: -1 / 3, 14: -1 / 3}
+    )
+    with pytest.raises(ValueError, match="negative_tokens"):
+        SampleConfig(negative_tokens="first")
+
+
 def test_failed_group_advantage_pushes_down_only_groups_without_any_reward():
     """A group none of whose attempts passed: ``scored`` pushes down its well-formed
     attempts (some hidden tests passed), ``all`` every attempt; a group with a pass keeps
