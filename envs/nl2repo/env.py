@@ -246,7 +246,9 @@ class NL2RepoEnv(gym.Env):
         self.rewards = RewardTracker(self.config.reward_mode)
         self.scorer = None
         if self.config.reward_mode != "sparse":
-            self.scorer = PotentialScorer.for_sandbox(self.sandbox, task, self.config.potential)
+            self.scorer = PotentialScorer.for_sandbox(
+                self.sandbox, task, self.config.potential, self.config.grading.pytest_plugins
+            )
         self._potential = None
         self._done = False
         self._started = time.monotonic()
@@ -421,7 +423,12 @@ class NL2RepoEnv(gym.Env):
     def _run_tests(self) -> T.ToolOutput:
         if not self.task.has_visible_tests:
             return T.ToolOutput("Error: this task has no visible tests.", ok=False)
-        run = run_visible_tests(self.sandbox, self.task, self.config.potential.tests_timeout_s)
+        run = run_visible_tests(
+            self.sandbox,
+            self.task,
+            self.config.potential.tests_timeout_s,
+            plugins=self.config.grading.pytest_plugins,
+        )
         return T.ToolOutput(run.render(), ok=not run.problems, visible=run)
 
     # -- limits ------------------------------------------------------------------------

@@ -141,6 +141,8 @@ class PotentialScorer:
     python: str = "python3"
     ruff: str = ""
     """Path of the ruff binary in the sandbox ('' disables the lint part)."""
+    plugins: list[str] | None = None
+    """pytest plugins of the visible test runs (``run_visible_tests``)."""
 
     def __post_init__(self) -> None:
         self.manifest = f"/tmp/.gyre-phi-{secrets.token_hex(8)}"
@@ -149,7 +151,13 @@ class PotentialScorer:
         self.current = Potential(phi=0.0, syntax=0.0, lint=0.0, tests=None, files=0)
 
     @classmethod
-    def for_sandbox(cls, sandbox, task: Task, config: PotentialConfig | None = None):
+    def for_sandbox(
+        cls,
+        sandbox,
+        task: Task,
+        config: PotentialConfig | None = None,
+        plugins: list[str] | None = None,
+    ):
         """Find the sandbox's interpreter and ruff with one command, then build the scorer."""
         probe = sandbox.exec(
             "python3 -c 'import sys; print(sys.executable)'; "
@@ -158,7 +166,8 @@ class PotentialScorer:
             timeout=60,
         )
         lines = probe.stdout.splitlines() + ["", ""]
-        return cls(sandbox, task, config or PotentialConfig(), lines[0] or "python3", lines[1])
+        config = config or PotentialConfig()
+        return cls(sandbox, task, config, lines[0] or "python3", lines[1], plugins)
 
     def _command(self, full: bool) -> str:
         ws, man = shell_quote(self.sandbox.workspace), self.manifest
@@ -200,7 +209,9 @@ class PotentialScorer:
             and self.config.tests_weight > 0
             and (report.get("any_change") or self.visible is None)
         ):
-            self.visible = run_visible_tests(self.sandbox, self.task, self.config.tests_timeout_s)
+            self.visible = run_visible_tests(
+                self.sandbox, self.task, self.config.tests_timeout_s, plugins=self.plugins
+            )
         self.current = self._potential(len(report.get("results", {})))
         return self.current
 

@@ -164,3 +164,35 @@ def test_memoize_reuses_identical_workspaces_only(calc_task, tmp_path, monkeypat
     first = grade_workspace(broken, copies[2], off)
     assert first.status == "infra_error"
     assert grade_workspace(broken, copies[2], off).reused is False  # retried, not kept
+
+
+PLUGINS_CHECK = """
+import types
+
+
+def test_plugins(pytestconfig):
+    plugins = pytestconfig.pluginmanager.get_plugins()
+    names = [p.__name__ for p in plugins if isinstance(p, types.ModuleType)]
+    outside = [n for n in names if not n.startswith(("_pytest", "pytest.", "tests", "test_"))]
+    assert outside == WANTED, outside
+"""
+
+
+@pytest.mark.parametrize("plugins", [[], ["pytest_timeout"]])
+def test_visible_tests_load_the_plugins_the_grader_loads(tmp_path, sandbox, plugins):
+    """``run_tests`` runs the visible tests with the grader's ``pytest_plugins`` and no
+    other: ``[]`` is plain pytest. This host has several plugins (hypothesis, langsmith,
+    xdist, ...); autoloaded, they cost seconds of imports per ``run_tests`` in a
+    bubblewrap sandbox, which shares the host's Python."""
+    from gyre_env.scoring.visible import run_visible_tests
+
+    check = PLUGINS_CHECK.replace("WANTED", repr(plugins))
+    toml = TASK_TOML + (
+        'visible_tests = ["tests/test_visible.py"]\n'
+        'visible_test_commands = ["python -m pytest -q tests/test_visible.py"]\n'
+    )
+    write_tree(tmp_path / "t", {"visible_tests/tests/test_visible.py": check})
+    task = make_calc_task(tmp_path / "t", toml)
+    sandbox.write_file("tests/test_visible.py", check)
+    run = run_visible_tests(sandbox, task, timeout_s=60, plugins=plugins)
+    assert (run.counts.passed, run.counts.collected, run.problems) == (1, 1, []), run.render()
