@@ -42,6 +42,17 @@ _NEEDS = {
 }
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with the most ``slow`` tests run first. CI runs ``-n 2 --dist loadfile``: a
+    file runs whole on one worker, in the order files are collected, and the slowest files
+    sit late in that order (``tests/train``), so one of them started last ran on while
+    the other worker sat idle. A stable sort keeps each file's own order."""
+    slow: dict = {}
+    for item in items:
+        slow[item.path] = slow.get(item.path, 0) + bool(item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for marker, (available, what) in _NEEDS.items():
         if item.get_closest_marker(marker) is None or available():

@@ -28,6 +28,7 @@ def _containers_of(pid: int):
     )
 
 
+@pytest.mark.slow
 def test_gold_agent_scores_one_on_the_micro_tier(tmp_path, capsys):
     """The scripted gold agent through ``gyre bench`` solves every micro task; the JSON
     results, streamed JSONL and HTML report (three embedded plots) are written."""
@@ -211,6 +212,7 @@ def test_langgraph_through_an_upstream_passthrough(tmp_path):
     store.close()
 
 
+@pytest.mark.slow
 def test_rollouts_example_runs(tmp_path):
     """``examples/rollouts.py`` with tiny budgets: LangGraph + tiny model + runner."""
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "rollouts.py")

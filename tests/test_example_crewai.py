@@ -58,6 +58,7 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_scripted_crew_solves_the_task_with_env_tools(tmp_path):
     """The engineer writes the gold file with the env's ``write_file``, the reviewer runs
@@ -82,6 +83,7 @@ def test_scripted_crew_solves_the_task_with_env_tools(tmp_path):
     assert out["model_seconds"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_example_runs_with_the_tiny_model(tmp_path):
     """``python examples/crewai_crew.py`` as a user runs it (the random tiny model, tiny

@@ -83,6 +83,7 @@ def _spec(eid: str, task: str = TASK) -> EpisodeSpec:
     return EpisodeSpec(episode_id=eid, env_id=ENV, env_kwargs=KW, reset_options={"task_id": task})
 
 
+@pytest.mark.slow
 def test_dead_agent_sandbox_is_infra_error_retried_and_never_a_zero():
     """The agent's container is killed mid-run (during a command): the attempt ends as
     ``infra_error`` and is retried; without retries it stays ``infra_error`` with no score,

@@ -104,6 +104,7 @@ def test_command_agent_is_stopped_at_the_time_limit(scripted_service):
     assert result.times["wall"] < 60
 
 
+@pytest.mark.slow
 def test_claude_code_in_docker_sandbox(scripted_service, tmp_path, tool_call_text, host_cli):
     """Claude Code (headless, as root with IS_SANDBOX=1) runs in the sandbox against the
     proxy: it receives a Bash tool call, runs it in the sandbox, sends the result back and
@@ -138,6 +139,7 @@ def test_claude_code_in_docker_sandbox(scripted_service, tmp_path, tool_call_tex
     assert result.outcome == "failure" and result.reward_valid  # graded, nothing built
 
 
+@pytest.mark.slow
 def test_codex_exec_in_docker_sandbox(scripted_service, tmp_path, tool_call_text, host_cli):
     """``codex exec`` (the real CLI, Responses API, streamed) runs in the sandbox against
     the proxy: it receives an ``exec_command`` call, runs it in the sandbox, sends the
@@ -179,6 +181,7 @@ def test_codex_exec_in_docker_sandbox(scripted_service, tmp_path, tool_call_text
     assert result.outcome == "failure" and result.reward_valid  # graded, nothing built
 
 
+@pytest.mark.slow
 def test_codex_missing_from_the_image_names_its_install(scripted_service):
     """An image without the codex binary ends the episode as an agent error whose message
     says how to install it; the host-side lookup says the same when npm has no Codex."""

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.docker
 ENV = "Gyre/NL2Repo-v0"
 
 
+@pytest.mark.slow
 def test_tiny_model_episodes_complete(tmp_path):
     """Two episodes with the random tiny model at once: each ends with a typed reason,
     is graded (valid reward, not an infra error), and its calls land as TITO records."""

@@ -97,6 +97,7 @@ def _policy(gold: str, tool_call_text):
     return reply
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_scripted_episode_solves_and_submits(tmp_path, scripted_service, tool_call_text):
     """A scripted policy: mini-swe-agent writes the gold file with `bash`, then echoes its

@@ -98,12 +98,14 @@ def test_split_and_count_through_make(suite_kwargs):
     env.close()
 
 
+@pytest.mark.slow
 def test_check_env_nano(suite_kwargs):
     env = make_nano(suite_kwargs)
     check_env(env.unwrapped)
     env.close()
 
 
+@pytest.mark.slow
 def test_tools_option_is_checked_and_keeps_all_by_default(task_dir):
     with pytest.raises(ValueError, match=r"unknown tools \['shell'\]; known tools: \['bash'"):
         NL2RepoConfig(tools=["write_file", "shell"])
@@ -124,6 +126,7 @@ def test_tools_option_is_checked_and_keeps_all_by_default(task_dir):
     full.close()
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_docker_gold_episode_is_quick(suite_kwargs):
     """reset -> write_file -> submit -> graded, with containers for agent and evaluator;

@@ -285,6 +285,7 @@ def test_close_is_idempotent_and_frees_the_sandbox(env):
         env.step(call("bash", command="true"))
 
 
+@pytest.mark.slow
 def test_check_env_bare_and_through_make(task_dir):
     bare = make_env(task_dir)
     check_env(bare)

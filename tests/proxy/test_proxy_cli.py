@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from gyre_env.proxy.records import read_jsonl
 
@@ -18,6 +19,7 @@ RUN = (
 )
 
 
+@pytest.mark.slow
 def test_proxy_serve_command(tmp_path):
     records = tmp_path / "calls.jsonl"
     proc = subprocess.Popen(

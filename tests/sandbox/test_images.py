@@ -242,6 +242,7 @@ def test_current_image_is_reused_not_rebuilt(base_image):
     assert "up to date" in lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_host_usr_image_runs_with_the_binds_its_label_names(host_usr_image, tmp_path):
     labels = _labels(HOST_USR_TAG)

@@ -109,6 +109,7 @@ ISOLATING = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ISOLATING)
 @pytest.mark.parametrize("trick", sorted(TRICKS))
 def test_trick_cannot_change_the_hidden_result(

@@ -31,6 +31,7 @@ def harbor_tasks(tmp_path_factory):
     return {t.id: t for t in tasks}
 
 
+@pytest.mark.slow
 def test_harbor_and_terminal_bench_gold_scores_one_and_empty_zero(harbor_tasks):
     checks = check_tasks(list(harbor_tasks.values()), backend="docker", workers=2)
     for check in checks:
@@ -120,6 +121,7 @@ def swe_task(tmp_path_factory):
     return task
 
 
+@pytest.mark.slow
 def test_swe_gold_one_unchanged_zero_and_a_regression_counts(swe_task, tmp_path):
     config = GradingConfig(backend="docker", control_run=False)
     gold = grade_workspace(swe_task, swe_task.gold_dir, config)

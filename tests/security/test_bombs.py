@@ -43,8 +43,10 @@ GRACE_S = 30.0
 """Seconds a step may take beyond its own timeouts (sandbox cleanup, a loaded CI box)."""
 LIMITS = {"memory_mb": 256, "pids": 128}
 """The agent sandbox's limits: small, so that the bombs reach them fast."""
-TESTS_TIMEOUT_S = 10.0
-GRADING_TIMEOUT_S = 20.0
+TESTS_TIMEOUT_S = 6.0
+GRADING_TIMEOUT_S = 12.0
+"""Short, so that the spinning solutions reach them fast; long enough for the gold
+solution's tests on a loaded CI box (about 2 s)."""
 
 GOLD = "def add(a, b):\n    return a + b\n"
 SPIN = "while True:\n    pass\n"
@@ -208,8 +210,8 @@ def test_memory_bomb_whose_command_ends_normally(task_dir, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_memory_bomb_that_times_out(task_dir, backend):
     command = "while :; do python3 -c 'a = bytearray(1 << 30)'; done"
-    obs = attack_then_check(task_dir, backend, command, 8)
-    assert "timed out after 8s" in obs, obs[-2000:]
+    obs = attack_then_check(task_dir, backend, command, 4)
+    assert "timed out after 4s" in obs, obs[-2000:]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

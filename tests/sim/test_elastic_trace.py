@@ -46,6 +46,7 @@ def traces(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", sorted(FOLDERS))
 def test_the_trace_holds_what_the_run_did(traces, policy):
     folder = traces / FOLDERS[policy]

@@ -99,6 +99,7 @@ def test_async_overlaps_and_respects_the_staleness_bound():
     assert r.dropped_stale <= past
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["async", "waterlevel"])
 def test_filtered_groups_do_not_starve_the_staleness_bound(name):
     # 40% of groups carry no learning signal: they finish but are never trained on. If they

@@ -106,6 +106,7 @@ def _bursty(resolution: float) -> SimConfig:
     [lambda: AsyncStalenessPolicy(rollout_cells=4), WaterlevelPolicy],
     ids=["async", "waterlevel"],
 )
+@pytest.mark.slow
 def test_results_converge_as_rounds_shrink(make):
     fine = simulate(_bursty(0.02), make())
     for resolution in (0.5, 2.0):

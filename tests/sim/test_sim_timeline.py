@@ -95,6 +95,7 @@ def test_non_stationary_examples_load_and_change_their_load(name):
     assert cfg.policies.waterlevel == type(cfg.policies.waterlevel)()
 
 
+@pytest.mark.slow
 def test_simulate_prints_idle_causes_over_time_next_to_the_ceiling(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     text = (EXAMPLES / "simulate_small.toml").read_text().split("[sweep]")[0]

@@ -35,6 +35,7 @@ def test_examples_load(name):
     assert cfg.cells.count >= 8 and cfg.workload.max_concurrent_episodes >= 96
 
 
+@pytest.mark.slow
 def test_simulate_small_example_writes_json_and_html(tmp_path, capsys):
     cfg = tmp_path / "small.toml"
     text = (EXAMPLES / "simulate_small.toml").read_text()

@@ -75,6 +75,7 @@ def test_gold_uses_only_the_stdlib_and_installs_with_setuptools(task):
         assert any("--no-build-isolation --no-deps -e ." in c for c in task.test_commands)
 
 
+@pytest.mark.slow
 def test_whole_suite_preflight():
     """Every gold scores 1.0, every empty workspace 0.0, declared == collected."""
     start = time.monotonic()
@@ -106,6 +107,7 @@ def test_preflight_catches_broken_gold_and_wrong_count(tmp_path):
     assert "declared 13 tests but 12 collected" in result.problems
 
 
+@pytest.mark.slow
 def test_partial_solution_gets_partial_credit(tmp_path):
     """Hidden tests are split by module and run with --continue-on-collection-errors, so
     a half-built package earns a partial score (the reward arrives before the end):

@@ -146,6 +146,7 @@ def _one_per_template(root):
     return [load_task(materialise(v, root)) for v in by_template.values()]
 
 
+@pytest.mark.slow
 def test_gold_passes_and_empty_scores_zero_for_every_template(root):
     """The ``gyre tasks check`` preflight over one task per template."""
     tasks = _one_per_template(root)

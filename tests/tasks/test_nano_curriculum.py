@@ -174,6 +174,7 @@ def test_drawn_inputs_differ_per_task_and_defeat_a_constant_answer():
         assert draw_inputs(t, "task-1", fn) == a  # deterministic
 
 
+@pytest.mark.slow
 def test_heldout_tasks_pass_with_gold_and_fail_empty(tmp_path):
     """The real preflight over held-out tasks of gold operations (gold 1.0, empty 0.0),
     and tasks without gold graded with their operation's answer and another one."""
@@ -193,6 +194,7 @@ def test_heldout_tasks_pass_with_gold_and_fail_empty(tmp_path):
             assert score == want if want is not None else score < 1.0, (task.id, op.key)
 
 
+@pytest.mark.slow
 def test_no_learning_baselines_are_graded_on_the_tasks(tmp_path):
     """Upper-case/lower-case/reverse tasks: a guess among the three string operations
     passes one in three; the majority op passes only its own operation's tasks."""

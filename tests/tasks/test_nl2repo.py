@@ -113,6 +113,7 @@ def test_offline_pip_rewrite():
     assert offline_pip("pytest tests") == "pytest tests"
 
 
+@pytest.mark.slow
 def test_registered_suite_and_preflight_scores_upstream_solution(checkout, tmp_path):
     """The loaded task grades a workspace: the upstream solution passes, empty fails."""
     repo, upstream = checkout

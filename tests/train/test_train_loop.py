@@ -36,6 +36,7 @@ def _rows(out, kind):
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
+@pytest.mark.slow
 def test_a_run_writes_its_outputs_and_pushes_versioned_weights(tmp_path):
     """Random eval -> SFT on gold replays -> 2 GRPO iterations -> eval; the store groups
     each task's attempts; checkpoints, TensorBoard events, the report, an exported model."""
@@ -63,6 +64,7 @@ def test_a_run_writes_its_outputs_and_pushes_versioned_weights(tmp_path):
         assert len(gold) == 4 and {e.reward for e in gold} == {1.0}
 
 
+@pytest.mark.slow
 def test_a_finished_run_resumed_with_more_iterations_trains_on(tmp_path):
     """``--resume --iterations M`` with a larger M goes on from the finished run's last
     iteration (it stopped as done and did nothing before); the same M again: no work."""
@@ -79,6 +81,7 @@ def test_a_finished_run_resumed_with_more_iterations_trains_on(tmp_path):
     assert len(_rows(cfg.out_dir, "iteration")) == 2
 
 
+@pytest.mark.slow
 def test_eval_random_false_skips_only_the_random_eval(tmp_path):
     """The cpu-demo preset skips the random-init eval (it scores 0) to give RL the time."""
     from gyre_env.train import train
@@ -91,6 +94,7 @@ def test_eval_random_false_skips_only_the_random_eval(tmp_path):
     assert len(_rows(cfg.out_dir, "iteration")) == 1
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_and_resume_gives_the_same_next_step_loss(tmp_path, monkeypatch):
     """Run A trains 4 steps uninterrupted (decoupled PPO, 2 minibatches an iteration).
     Run B gets SIGINT during step 3: it finishes that step, saves, exits; resumed, it
@@ -144,6 +148,7 @@ def test_ctrl_c_saves_and_resume_gives_the_same_next_step_loss(tmp_path, monkeyp
     assert losses_a[4] != 0.0
 
 
+@pytest.mark.slow
 def test_gold_steps_follow_each_iterations_rl_steps_and_resume_exactly(tmp_path, monkeypatch):
     """``sft.steps_per_iteration``: after each iteration's RL steps, that many SFT steps
     on the gold trajectories (logged as ``ptx``; the version counts them, the RL step

@@ -134,6 +134,7 @@ def test_sglang_without_cuda_or_urls_and_launch_without_sglang(tmp_path, monkeyp
 
 
 # ---- the loop on (fake) SGLang servers -------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.parametrize("servers", [2], indirect=True)
 def test_train_on_sglang_records_exactly_what_the_servers_returned(tmp_path, servers, monkeypatch):
@@ -196,6 +197,7 @@ def test_train_on_sglang_records_exactly_what_the_servers_returned(tmp_path, ser
     assert trained == set(sampled)  # every sampled token trained, on its exact ids
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.parametrize("servers", [2], indirect=True)
 def test_elastic_sglang_cells_switch_by_release_resume_and_a_weight_push(tmp_path, servers):

@@ -54,6 +54,7 @@ def _rank(rank: int, world: int, folder: str, port: int, out: str) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_with_fsdp2_equal_one_process(tmp_path):
     import socket
 

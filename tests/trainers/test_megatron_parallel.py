@@ -111,6 +111,7 @@ def _compare(name, got, want_metrics, want_state) -> float:
     return worst
 
 
+@pytest.mark.slow
 def test_data_and_tensor_parallel_over_two_gloo_ranks(tmp_path):
     import torch.multiprocessing as mp
     from gyre_env.trainers.hf_tree import tiny_qwen2

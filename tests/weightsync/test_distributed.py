@@ -26,6 +26,7 @@ from gyre_env.weightsync import (
 )
 
 
+@pytest.mark.slow
 def test_engine_in_another_process_gets_exact_weights_in_order(tiny_path, tmp_path, monkeypatch):
     from gyre_env.weightsync import distributed
 
@@ -56,6 +57,7 @@ def test_engine_in_another_process_gets_exact_weights_in_order(tiny_path, tmp_pa
         publisher.close()
 
 
+@pytest.mark.slow
 def test_receiver_killed_mid_broadcast_fails_the_publish_in_time(tiny_path, tmp_path):
     port = free_port()
     publisher = DistPublisher(DistSyncConfig(port=port, timeout_s=4, bucket_bytes=64 << 10))

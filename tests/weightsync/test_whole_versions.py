@@ -91,6 +91,7 @@ def test_publishers_and_the_board_accept_a_version_only_whole(tiny_path):
     assert board.version == 2
 
 
+@pytest.mark.slow
 def test_a_distributed_publisher_refuses_a_partial_version_and_the_group_goes_on(
     tiny_path, tmp_path
 ):
