@@ -276,11 +276,14 @@ def packed_units(
     cfg: SampleConfig,
     advantages: Sequence[dict[str, float]] | None = None,
 ) -> list:
-    """``trees`` cut into bounded units and packed for the trainer (``PackedTree`` list)."""
+    """``trees`` cut into bounded units and packed for the trainer (``PackedTree`` list).
+    A unit left with no loss token is dropped: ``negative_tokens="branch"`` trains no
+    token of an unbranched below-mean span, so a unit of such spans has nothing to train,
+    and its loss would carry no gradient for ``backward()``."""
     from gyre_env.trajectory.packing import pack  # packing imports this module
 
     units, _ = bounded_samples(trees, cfg, advantages)
-    return [pack(u) for u in units]
+    return [p for p in map(pack, units) if p.num_loss_tokens]
 
 
 def rl_minibatches(

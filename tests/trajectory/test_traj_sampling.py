@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from gyre_env.proxy.records import CallRecord
@@ -106,6 +107,29 @@ def test_branch_negatives_push_down_only_the_token_where_a_worse_attempt_parted(
     )
     with pytest.raises(ValueError, match="negative_tokens"):
         SampleConfig(negative_tokens="first")
+
+
+def test_a_unit_left_with_no_loss_token_is_not_trained():
+    """A failed group pushed down (``failed_group_advantage``) whose attempts all wrote
+    the same answer: under ``negative_tokens = "branch"`` none of its tokens is a parting,
+    so its unit has nothing to train. It is dropped: kept, its loss had no gradient and
+    ``backward()`` raised in the 10th iteration of an RL run."""
+    from gyre_env.trajectory.sampling import packed_units, rl_minibatches
+    from gyre_env.trajectory.tree import TokenTree
+
+    tree = TokenTree(group="g")
+    for s in "abcd":
+        tree.add_episode(EpisodeInfo(session=s, group="g", task="t", reward=0.0))
+        tree.add_call(rec(s, 0, [1, 2, 3], [7, 8, 9]))
+    push = dict(reward="pass", failed_group_advantage=-0.2, failed_group_scope="all")
+    (unit,) = packed_units([tree], SampleConfig(**push))
+    assert unit.num_loss_tokens == 3
+    branch = SampleConfig(**push, negative_tokens="branch")
+    assert packed_units([tree], branch) == []
+    minibatches, _ = rl_minibatches(
+        [tree], branch, steps=1, epochs=1, skip_zero_variance=True, rng=np.random.default_rng(0)
+    )
+    assert minibatches == []
 
 
 def test_failed_group_advantage_pushes_down_only_groups_without_any_reward():
