@@ -315,11 +315,18 @@ def curve(run: Path, parts: int = 4) -> list[dict]:
     """RL's own training attempts in ``run`` (a ``gyre train`` folder), its iterations cut
     into ``parts`` equal blocks: per block, the pass rate on training tasks that carry gold
     and on those that do not (their operation and phrasing are in no gold trajectory, as
-    with ``gold_phrasing``). What RL learns where gold cannot teach, read during the run."""
+    with ``gold_phrasing``), and how many attempts ended without a tool call (the format
+    lost). What RL learns where gold cannot teach, read during the run."""
     train, eps = _rl_attempts(run)
     gold = {task.id: task.gold_dir is not None for task in train}
-    attempts = [  # (iteration, has gold, passed)
-        (it, gold[ep["task_id"]], (ep["score"] or 0.0) >= 1.0) for it, ep in eps
+    attempts = [  # (iteration, has gold, passed, ended without a tool call)
+        (
+            it,
+            gold[ep["task_id"]],
+            (ep["score"] or 0.0) >= 1.0,
+            ep.get("end_reason") == "no_tool_call",
+        )
+        for it, ep in eps
     ]
     if not attempts:
         return []
@@ -330,23 +337,29 @@ def curve(run: Path, parts: int = 4) -> list[dict]:
         block = [a for a in attempts if lo <= a[0] < hi]
         row = {"iterations": f"{lo}-{hi - 1}"}
         for key, want in (("gold", True), ("no_gold", False)):
-            passed = [p for _, g, p in block if g == want]
+            passed = [p for _, g, p, _ in block if g == want]
             row[key] = {"passed": sum(passed), "attempts": len(passed)}
+        row["no_tool_call"] = {"ended": sum(a[3] for a in block), "attempts": len(block)}
         rows.append(row)
     return rows
 
 
 def print_curve(run: Path) -> None:
     print(f"{run}: RL's training attempts, pass rate by block of iterations")
-    print(f"{'iterations':<12}{'tasks with gold':>22}{'tasks without gold':>24}")
+    print(
+        f"{'iterations':<12}{'tasks with gold':>22}{'tasks without gold':>24}"
+        f"{'ended without a tool call':>28}"
+    )
     for row in curve(run):
         cells = [
-            f"{c['passed']}/{c['attempts']} = {c['passed'] / c['attempts']:.2f}"
-            if c["attempts"]
-            else "-"
-            for c in (row["gold"], row["no_gold"])
+            f"{n}/{c['attempts']} = {n / c['attempts']:.2f}" if c["attempts"] else "-"
+            for c, n in (
+                (row["gold"], row["gold"]["passed"]),
+                (row["no_gold"], row["no_gold"]["passed"]),
+                (row["no_tool_call"], row["no_tool_call"]["ended"]),
+            )
         ]
-        print(f"{row['iterations']:<12}{cells[0]:>22}{cells[1]:>24}")
+        print(f"{row['iterations']:<12}{cells[0]:>22}{cells[1]:>24}{cells[2]:>28}")
 
 
 def _answer_patterns(keys) -> dict[str, re.Pattern]:

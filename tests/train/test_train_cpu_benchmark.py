@@ -125,8 +125,17 @@ def test_curve_counts_rl_attempts_by_block_and_by_gold(bench, tmp_path, capsys):
     episodes = [("sft.0", with_gold[0], 1.0), ("eval.0", without[0], 1.0)]  # not counted
     episodes += [("rl.0000.r0", with_gold[0], 1.0), ("rl.0000.r0", without[0], 0.0)]
     episodes += [("rl.0001.r0", without[0], 1.0), ("rl.0001.r0", without[1], 0.0)]
+    ended = {("rl.0000.r0", without[0]): "no_tool_call"}  # the format lost once
     lines = [
-        json.dumps({"session": f"{s}.{t}.0", "task_id": t, "score": x, "reward_valid": True})
+        json.dumps(
+            {
+                "session": f"{s}.{t}.0",
+                "task_id": t,
+                "score": x,
+                "reward_valid": True,
+                "end_reason": ended.get((s, t), "submitted"),
+            }
+        )
         for s, t, x in episodes
     ]
     (run / "episodes.jsonl").write_text("\n".join(lines) + "\n")
@@ -136,15 +145,18 @@ def test_curve_counts_rl_attempts_by_block_and_by_gold(bench, tmp_path, capsys):
             "iterations": "0-0",
             "gold": {"passed": 1, "attempts": 1},
             "no_gold": {"passed": 0, "attempts": 1},
+            "no_tool_call": {"ended": 1, "attempts": 2},
         },
         {
             "iterations": "1-1",
             "gold": {"passed": 0, "attempts": 0},
             "no_gold": {"passed": 1, "attempts": 2},
+            "no_tool_call": {"ended": 0, "attempts": 2},
         },
     ]
     assert bench.main(["--curve", str(run)]) == 0
-    assert "1/2 = 0.50" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ended without a tool call" in out and "1/2 = 0.50" in out and "0/2 = 0.00" in out
     with pytest.raises(SystemExit):  # a folder that is no run: named, nothing printed
         bench.main(["--curve", str(tmp_path)])
     assert "not a gyre train folder (no config.json or episodes.jsonl)" in capsys.readouterr().err
