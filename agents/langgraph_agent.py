@@ -77,6 +77,9 @@ class LangGraphAgentConfig:
     max_new_tokens: int = 512
     """Completion tokens per model call."""
     temperature: float = 1.0
+    min_p: float = 0.0
+    """Min-p filter (SGLang's and vLLM's ``min_p``, sent as an extra body field); 0: none,
+    and the field is not sent, so any OpenAI-compatible server takes the requests."""
     seed: int | None = None
     """Sampling seed: an episode's calls use this plus a stable hash of its episode id, so
     rollouts can be replayed exactly; None samples with fresh randomness."""
@@ -99,6 +102,8 @@ class LangGraphAgentConfig:
                 raise ValueError(f"LangGraphAgentConfig.{name} must be >= 1")
         if not 0 < self.compact_fraction < 1:
             raise ValueError("LangGraphAgentConfig.compact_fraction must be in (0, 1)")
+        if not 0 <= self.min_p < 1:
+            raise ValueError("LangGraphAgentConfig.min_p must be in [0, 1) (0 disables it)")
 
 
 class GraphState(TypedDict, total=False):
@@ -406,6 +411,7 @@ def _chat_model(ctx: EpisodeContext, cfg: LangGraphAgentConfig, role: str):
         timeout=cfg.request_timeout_s,
         max_retries=cfg.model_retries,
         default_headers=headers,
+        extra_body={"min_p": cfg.min_p} if cfg.min_p else None,
         stream_usage=True,
     )
 

@@ -69,6 +69,9 @@ class MiniSweAgentConfig:
     max_new_tokens: int = 512
     """Completion tokens per model call."""
     temperature: float = 1.0
+    min_p: float = 0.0
+    """Min-p filter (SGLang's and vLLM's ``min_p``, sent as an extra body field); 0: none,
+    and the field is not sent."""
     seed: int | None = None
     """Sampling seed: an episode's calls use this plus a stable hash of its episode id; None
     samples with fresh randomness."""
@@ -94,6 +97,8 @@ class MiniSweAgentConfig:
             raise ValueError("MiniSweAgentConfig.max_format_errors must be >= 1")
         if self.model_retries < 0:
             raise ValueError("MiniSweAgentConfig.model_retries must be >= 0")
+        if not 0 <= self.min_p < 1:
+            raise ValueError("MiniSweAgentConfig.min_p must be in [0, 1) (0 disables it)")
         if self.config_file is not None and not Path(self.config_file).is_file():
             raise ValueError(f"MiniSweAgentConfig.config_file: no such file {self.config_file}")
 
@@ -193,6 +198,8 @@ class ProxyModel:
         }
         if cfg.seed is not None:
             kwargs["seed"] = episode_seed(cfg.seed, ctx.episode_id)
+        if cfg.min_p:
+            kwargs["extra_body"] = {"min_p": cfg.min_p}
         self.inner = LitellmModel(
             model_name=f"openai/{ep.model}",
             model_kwargs=kwargs,

@@ -33,6 +33,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1
     """-1 disables top-k."""
+    min_p: float = 0.0
+    """Drop tokens whose probability (after temperature) is below ``min_p`` times the most
+    likely token's; 0 disables it. SGLang's and vLLM's ``min_p``."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Generation ends after sampling one of these (it is kept in the output)."""
     seed: int | None = None

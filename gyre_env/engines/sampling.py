@@ -1,7 +1,8 @@
-"""Token sampling for the embedded engine: temperature, top-p, top-k, per-request seeds.
+"""Token sampling for the embedded engine: temperature, top-p, top-k, min-p, per-request seeds.
 
 Logprob convention (the behaviour logprob the trainer compares against): the log-probability
-of the sampled id under ``log_softmax(logits / temperature)``, before top-p/top-k truncation;
+of the sampled id under ``log_softmax(logits / temperature)``, before top-p/top-k/min-p
+truncation;
 for greedy decoding (temperature 0) under ``log_softmax(logits)``.
 """
 
@@ -25,6 +26,8 @@ def validate_params(params: SamplingParams) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {params.top_p!r}")
     if not isinstance(params.top_k, int) or (params.top_k != -1 and params.top_k < 1):
         raise ValueError(f"top_k must be -1 (disabled) or an int >= 1, got {params.top_k!r}")
+    if not isinstance(params.min_p, int | float) or not 0 <= params.min_p < 1:
+        raise ValueError(f"min_p must be in [0, 1) (0 disables it), got {params.min_p!r}")
     if not all(isinstance(t, int) and t >= 0 for t in params.stop_token_ids):
         raise ValueError(f"stop_token_ids must be non-negative ints, got {params.stop_token_ids!r}")
     if params.seed is not None and not isinstance(params.seed, int):
@@ -95,6 +98,11 @@ def _sample_one(row, p: SamplingParams, generator) -> tuple[int, float]:
         # drop a token when the tokens ranked above it already reach top_p (keeps >= 1)
         drop = (torch.cumsum(probs, dim=-1) - probs) >= p.top_p
         filtered[order[drop]] = float("-inf")
+    if p.min_p > 0:
+        # p_i >= min_p * p_max, after temperature, as a logit margin; the most likely token
+        # always passes, so at least one token is left
+        floor = filtered.max() + math.log(p.min_p)
+        filtered[filtered < floor] = float("-inf")
     probs = torch.softmax(filtered, dim=-1)
     token = int(torch.multinomial(probs, 1, generator=generator).item())
     return token, float(logp[token])

@@ -279,6 +279,7 @@ class SGLangEngine:
             "temperature": params.temperature,
             "top_p": params.top_p,
             "top_k": params.top_k,
+            "min_p": params.min_p,
             "stop_token_ids": list(params.stop_token_ids),
             "skip_special_tokens": False,
             "no_stop_trim": True,

@@ -70,6 +70,7 @@ def parse_request(body: dict, memo: ConversionMemo | None = None) -> ChatRequest
         temperature=opt_number(body, "temperature", 1.0, 0.0, 1.0),
         top_p=opt_number(body, "top_p", 1.0, 0.0, 1.0),
         top_k=opt_int(body, "top_k", lo=0) or -1,
+        min_p=opt_number(body, "min_p", 0.0, 0.0, 0.999),
         stop=stop_list(body.get("stop_sequences"), "stop_sequences", allow_string=False),
         stream=opt_bool(body, "stream"),
     )

@@ -41,6 +41,8 @@ class ChatRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
+    """SGLang's and vLLM's ``min_p`` extension (not in OpenAI's or Anthropic's API)."""
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stream: bool = False

@@ -146,6 +146,7 @@ class ProxyCore:
             temperature=req.temperature,
             top_p=req.top_p,
             top_k=req.top_k,
+            min_p=req.min_p,
             stop_token_ids=self.renderer.stop_token_ids,
             seed=req.seed,
         )
@@ -305,6 +306,7 @@ class ProxyCore:
                 "temperature": p.temperature,
                 "top_p": p.top_p,
                 "top_k": p.top_k,
+                "min_p": p.min_p,
                 "max_new_tokens": p.max_new_tokens,
                 "stop": prep.req.stop,
                 "stop_token_ids": p.stop_token_ids,

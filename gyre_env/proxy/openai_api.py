@@ -62,6 +62,7 @@ def parse_request(body: dict, memo: ConversionMemo | None = None) -> ChatRequest
         temperature=opt_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=opt_number(body, "top_p", 1.0, 0.0, 1.0),
         top_k=opt_int(body, "top_k", lo=-1) or -1,
+        min_p=opt_number(body, "min_p", 0.0, 0.0, 0.999),
         seed=opt_int(body, "seed", lo=-(2**63)),
         stop=stop_list(body.get("stop"), "stop"),
         stream=opt_bool(body, "stream"),

@@ -268,6 +268,7 @@ class Passthrough:
             sampling={
                 "temperature": req.temperature,
                 "top_p": req.top_p,
+                "min_p": req.min_p,
                 "max_tokens": req.max_tokens,
                 "stop": req.stop,
             },

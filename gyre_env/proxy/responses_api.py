@@ -196,6 +196,7 @@ def parse_request(
         max_tokens=opt_int(body, "max_output_tokens", lo=1),
         temperature=opt_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=opt_number(body, "top_p", 1.0, 0.0, 1.0),
+        min_p=opt_number(body, "min_p", 0.0, 0.0, 0.999),
         stream=opt_bool(body, "stream"),
         conversation=conversation,
         store=store,

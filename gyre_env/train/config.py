@@ -293,6 +293,12 @@ class RolloutConfig:
     """Tool calls an agent may make per episode."""
     temperature: float = 1.0
     """Sampling temperature of training rollouts (the loss uses the same)."""
+    min_p: float = 0.0
+    """Min-p filter of training rollouts: a token is sampled only if its probability (at
+    ``temperature``) is at least ``min_p`` times the most likely token's; 0 disables it. It
+    lets a high temperature explore among plausible tokens without sampling the tail.
+    Behaviour logprobs stay those of the unfiltered tempered distribution, as with top-p.
+    Held-out evaluation samples without it (at ``eval_temperature``)."""
     eval_temperature: float = 1.0
     """Sampling temperature of held-out evaluation (pass rate of the sampled policy)."""
     eval_attempts: int = 1
@@ -594,6 +600,10 @@ class TrainConfig:
             raise ConfigError(f"tasks.rl_no_gold_share must be in [0, 1], got {share}")
         if self.rollout.temperature <= 0:
             raise ConfigError(f"rollout.temperature must be > 0, got {self.rollout.temperature}")
+        if not 0 <= self.rollout.min_p < 1:
+            raise ConfigError(
+                f"rollout.min_p must be in [0, 1) (0 disables it), got {self.rollout.min_p}"
+            )
         if self.rollout.agent not in ROLLOUT_AGENTS:
             raise ConfigError(
                 f"rollout.agent must be one of {', '.join(ROLLOUT_AGENTS)}, "

@@ -190,7 +190,7 @@ def _train_elastic(cfg: TrainConfig, cells: int, ray: str | None, *, resume: boo
     rl_tasks = task_pool(cfg).rl  # bad tasks fail before any cell is built
     tokenizer, store = open_store(cfg, model_dir)
     clock = CallClock()
-    agent = make_agent(cfg, cfg.rollout.temperature)
+    agent = make_agent(cfg, cfg.rollout.temperature, cfg.rollout.min_p)
     logger = metrics_logger(cfg)
     try:
         pool = _cells(cfg, cells, devices, model_dir, tokenizer, store, clock)

@@ -185,12 +185,14 @@ class TrainRun:
             self.push_weights()  # a resumed run, or servers left at another run's weights
         self.logger.log("phase", {"phase": "setup", "seconds": time.monotonic() - t0})
 
-    def episodes(self, tasks, *, group_size, run, temperature, desc, group=None) -> RolloutStats:
+    def episodes(
+        self, tasks, *, group_size, run, temperature, desc, group=None, min_p=0.0
+    ) -> RolloutStats:
         stats = rollout(
             self.cfg,
             service=self.service,
             store=self.store,
-            agent=make_agent(self.cfg, temperature),
+            agent=make_agent(self.cfg, temperature, min_p),
             tasks=tasks,
             group_size=group_size,
             run=run,
@@ -316,6 +318,7 @@ class TrainRun:
             group_size=cfg.rollout.group_size,
             run=tag,
             temperature=cfg.rollout.temperature,
+            min_p=cfg.rollout.min_p,
             desc=f"iter {it} rollout",
         )
         c.rollout_run = tag

@@ -152,8 +152,9 @@ def model_service(cfg: TrainConfig, tokenizer, store, engines, extra_sinks=()):
     ).start()
 
 
-def make_agent(cfg: TrainConfig, temperature: float):
-    """The agent of the run's episodes (``rollout.agent``), sampling at ``temperature``."""
+def make_agent(cfg: TrainConfig, temperature: float, min_p: float = 0.0):
+    """The agent of the run's episodes (``rollout.agent``), sampling at ``temperature``
+    with a ``min_p`` filter (0: none)."""
     from gyre_env import agents
 
     r = cfg.rollout
@@ -163,6 +164,7 @@ def make_agent(cfg: TrainConfig, temperature: float):
                 max_steps=r.max_steps,
                 max_new_tokens=r.max_new_tokens,
                 temperature=temperature,
+                min_p=min_p,
                 seed=cfg.seed,
             )
         )
@@ -171,6 +173,7 @@ def make_agent(cfg: TrainConfig, temperature: float):
             max_steps=r.max_steps,
             max_new_tokens=r.max_new_tokens,
             temperature=temperature,
+            min_p=min_p,
             subagent=False,
             nudges=0,
             seed=cfg.seed,

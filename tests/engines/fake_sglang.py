@@ -133,6 +133,7 @@ def _params(sp: dict):
         temperature=float(sp.get("temperature", 1.0)),
         top_p=float(sp.get("top_p", 1.0)),
         top_k=int(sp.get("top_k", -1)),
+        min_p=float(sp.get("min_p", 0.0)),
         stop_token_ids=list(sp.get("stop_token_ids") or []),
         seed=sp.get("sampling_seed"),
     )

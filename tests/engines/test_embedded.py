@@ -165,6 +165,43 @@ def test_seeded_sampling_is_reproducible(engine, prompts):
     assert sample(9, top_p=1e-6) == greedy.output_ids
 
 
+def test_min_p_never_samples_the_tail_and_keeps_the_unfiltered_logprob():
+    """Probabilities 0.5, 0.3, 0.15, 0.05 at min_p 0.2 (floor 0.1): the last token is never
+    sampled, the others are; each logprob is the token's under the tempered distribution
+    before the filter (the behaviour logprob convention), not the renormalised one."""
+    import math
+
+    import torch
+
+    from gyre_env.engines.sampling import make_generator, sample_rows
+
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().unsqueeze(0)
+
+    def draw(min_p, n=3000):
+        p = SamplingParams(temperature=1.0, min_p=min_p, seed=5)
+        gen = make_generator(p, "cpu")
+        seen = {}
+        for _ in range(n):
+            ids, lps = sample_rows(logits, [p], [gen])
+            seen[ids[0]] = lps[0]
+        return seen
+
+    filtered, free = draw(0.2), draw(0.0)
+    assert sorted(filtered) == [0, 1, 2] and sorted(free) == [0, 1, 2, 3]
+    for token, lp in filtered.items():
+        assert lp == pytest.approx(math.log(float(probs[token])), abs=1e-5)
+    # the filter is relative to the most likely token after temperature: at T=3 the
+    # distribution flattens (0.05 -> 0.16 of the top), so the same min_p keeps all four
+    hot = SamplingParams(temperature=3.0, min_p=0.2, seed=5)
+    gen = make_generator(hot, "cpu")
+    assert {sample_rows(logits, [hot], [gen])[0][0] for _ in range(3000)} == {0, 1, 2, 3}
+    # near 1 only the most likely token is left
+    sharp = SamplingParams(temperature=1.0, min_p=0.99, seed=5)
+    gen = make_generator(sharp, "cpu")
+    assert {sample_rows(logits, [sharp], [gen])[0][0] for _ in range(200)} == {0}
+
+
 def test_stop_ids_end_generation_and_are_kept(engine, prompts):
     full = asyncio.run(engine.generate(prompts[4], GREEDY)).output_ids
     stop = full[5]
@@ -237,6 +274,9 @@ def test_bad_requests_name_the_problem(engine):
         asyncio.run(engine.generate([1], SamplingParams(temperature=-1)))
     with pytest.raises(ValueError, match="top_p"):
         asyncio.run(engine.generate([1], SamplingParams(top_p=0)))
+    for bad in (1.0, -0.1, "0.1"):
+        with pytest.raises(ValueError, match=r"min_p must be in \[0, 1\)"):
+            asyncio.run(engine.generate([1], SamplingParams(min_p=bad)))
     with pytest.raises(ValueError, match="max_new_tokens"):
         asyncio.run(engine.generate([1], SamplingParams(max_new_tokens=0)))
 

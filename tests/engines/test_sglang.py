@@ -93,14 +93,16 @@ def test_stream_concatenates_to_generate(incremental):
 def test_payload_uses_sglang_field_names(fake):
     engine = _engine(fake)
     payload = engine._payload(
-        PROMPT, SamplingParams(max_new_tokens=3, top_k=5, seed=9, stop_token_ids=[2]), True
+        PROMPT,
+        SamplingParams(max_new_tokens=3, top_k=5, min_p=0.05, seed=9, stop_token_ids=[2]),
+        True,
     )
     assert (
         payload["input_ids"] == PROMPT and payload["return_logprob"] is True and payload["stream"]
     )
     sp = payload["sampling_params"]
     assert sp["max_new_tokens"] == 3 and sp["top_k"] == 5 and sp["stop_token_ids"] == [2]
-    assert sp["sampling_seed"] == 9
+    assert sp["sampling_seed"] == 9 and sp["min_p"] == 0.05
 
 
 def test_context_overflow_is_a_context_length_error(fake):

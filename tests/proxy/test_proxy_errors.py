@@ -51,6 +51,7 @@ def _anthropic_error(r: httpx.Response, status: int, *words: str) -> dict:
         ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, ["messages[0].role"]),
         ({**OK_OPENAI, "temperature": "hot"}, ["temperature: expected a number, got string"]),
         ({**OK_OPENAI, "max_tokens": "5"}, ["max_tokens: expected an integer"]),
+        ({**OK_OPENAI, "min_p": 1.5}, ["min_p: must be between 0 and 0.999, got 1.5"]),
         ({**OK_OPENAI, "stream": "yes"}, ["stream: expected a boolean"]),
         ({**OK_OPENAI, "tools": {"a": 1}}, ["tools: expected an array"]),
         ({**OK_OPENAI, "n": 2}, ["n: only n=1"]),

@@ -179,3 +179,42 @@ def test_langchain_chat_openai(start_proxy, scripted, bash_tool):
     assert recs[1].parent == 0 and recs[1].prefix_len == len(recs[0].prompt_ids) + len(
         recs[0].output_ids
     )
+
+
+def test_min_p_reaches_the_engine_from_each_agents_client(start_proxy, enc):
+    """``min_p`` as each rollout agent sends it (LangGraph's ChatOpenAI and mini-swe-agent's
+    litellm, as an extra body field; Anthropic's API as a body field) reaches the engine's
+    SamplingParams and the call's record; without it the filter is off."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from gyre_env.agents.langgraph_agent import LangGraphAgentConfig, _chat_model
+    from gyre_env.agents.mini_swe_agent import MiniSweAgentConfig, ProxyModel
+    from minisweagent.exceptions import FormatError
+
+    from gyre_env.proxy.endpoint import ModelEndpoint
+    from gyre_env.proxy.scripted import ScriptedEngine
+
+    seen = []
+    done = enc("```bash\necho hi\n```<|im_end|>")
+    proxy = start_proxy([ScriptedEngine(lambda prompt, params: seen.append(params.min_p) or done)])
+
+    def ctx(session):
+        ep = ModelEndpoint(base_url=proxy.openai_base_url(session), model="m", api_key="k")
+        return SimpleNamespace(endpoint=ep, episode_id=session)
+
+    for min_p in (0.05, 0.0):
+        lg = _chat_model(ctx(f"lg{min_p}"), LangGraphAgentConfig(min_p=min_p), "main")
+        lg.invoke("hi")
+        msa = ProxyModel(ctx(f"msa{min_p}"), MiniSweAgentConfig(min_p=min_p), {})
+        with contextlib.suppress(FormatError):  # the reply has no tool call; the call ran
+            msa.inner.query([{"role": "user", "content": "hi"}])
+    anth = anthropic.Anthropic(base_url=proxy.anthropic_base_url("an"), api_key="k")
+    anth.messages.create(
+        model="m",
+        max_tokens=8,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_body={"min_p": 0.3},
+    )
+    assert seen == [0.05, 0.05, 0.0, 0.0, 0.3]
+    assert [r.sampling["min_p"] for r in proxy.records()] == seen

@@ -126,6 +126,11 @@ def test_the_loss_temperature_is_the_rollouts(tmp_path):
     assert apply_overrides(cfg, ["rollout.temperature=0.9"]).loss_config().temperature == 0.9
     with pytest.raises(ConfigError, match=r"rollout.temperature must be > 0, got 0.0"):
         apply_overrides(cfg, ["rollout.temperature=0"])
+    assert apply_overrides(cfg, ["rollout.min_p=0.05"]).rollout.min_p == 0.05
+    with pytest.raises(
+        ConfigError, match=r"rollout.min_p must be in \[0, 1\) \(0 disables it\), got 1"
+    ):
+        apply_overrides(cfg, ["rollout.min_p=1"])
 
 
 def test_the_token_budget_is_the_context_length_unless_set(tmp_path):

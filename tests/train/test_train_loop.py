@@ -44,7 +44,7 @@ def test_a_run_writes_its_outputs_and_pushes_versioned_weights(tmp_path):
     from gyre_env.trajectory.store import TrajectoryStore
 
     cfg = _cfg(tmp_path, "sft.trajectories=4", "sft.steps=3", "sft.batch_size=4",
-               "schedule.iterations=2", "schedule.eval_every=2",
+               "schedule.iterations=2", "schedule.eval_every=2", "rollout.min_p=0.05",
                "sft.steps_per_iteration=0")  # gold steps: their own test below  # fmt: skip
     summary = train(cfg)
     out = cfg.out_dir
@@ -62,6 +62,13 @@ def test_a_run_writes_its_outputs_and_pushes_versioned_weights(tmp_path):
         assert versions == {5}  # sampled by the weights pushed after step 5
         gold = store.episodes(run="sft")
         assert len(gold) == 4 and {e.reward for e in gold} == {1.0}
+
+        def min_ps(run):
+            sessions = [e.session for e in store.episodes(run=run)]
+            return {r.sampling["min_p"] for r in store.records(sessions)}
+
+        # rollout.min_p filters the RL rollouts only; held-out evaluation samples without it
+        assert min_ps("rl.0001.r0") == {0.05} and min_ps("eval.rl.0002.r0") == {0.0}
 
 
 @pytest.mark.slow

@@ -40,9 +40,10 @@ def test_make_agent_follows_rollout_agent(tmp_path):
     from gyre_env.train.setup import make_agent
 
     cfg = apply_overrides(load_config(preset="cpu-demo"), TINY)
-    agent = make_agent(cfg, 0.5)
+    agent = make_agent(cfg, 0.5, 0.1)
     assert isinstance(agent, MiniSweAgent)
     assert agent.config.temperature == 0.5 and agent.config.max_steps == 2
+    assert agent.config.min_p == 0.1
     assert agent.agent_settings["step_limit"] == 2
 
 
