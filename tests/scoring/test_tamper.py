@@ -88,16 +88,29 @@ TRICKS = {
 
 
 INSTALLED = {"sitecustomize", "pth_file", "plugin_entry_point"}
+_NAIVE: dict[str, float] = {}
+"""Each trick's naive score: the same files every time, so one naive run per trick (it
+takes 5-10 s for the installed ones) serves each backend's test."""
+
+
+def plugins_for(backend: str, trick: str | None = None) -> list | None:
+    """Docker's image has no plugins, so its autoload (the default) costs nothing. Local and
+    bubblewrap run this host's Python, whose many plugins take 4 s to load per run, and load
+    none (as the cpu-demo preset does), except for the entry-point trick on bubblewrap: that
+    trick is aimed at autoload, so the grader must resist it with autoload on."""
+    if backend == "docker" or (backend == "bwrap" and trick == "plugin_entry_point"):
+        return None
+    return []
 
 
 def _check_trick(trick, backend, calc_task, calc_pip_task, ws, tmp_path):
     task = calc_pip_task if trick in INSTALLED else calc_task
     write_tree(ws, TRICKS[trick])
-    naive = naive_score(task, ws, tmp_path, autoload=trick == "plugin_entry_point")
-    assert naive == 1.0, "the trick must work against a naive runner"
-    # The image has no plugins; this host has many, slow to load and beside the point here.
-    plugins = [] if backend == "local" else None
-    result = grade_workspace(task, ws, GradingConfig(backend=backend, pytest_plugins=plugins))
+    if trick not in _NAIVE:
+        _NAIVE[trick] = naive_score(task, ws, tmp_path, autoload=trick == "plugin_entry_point")
+    assert _NAIVE[trick] == 1.0, "the trick must work against a naive runner"
+    config = GradingConfig(backend=backend, pytest_plugins=plugins_for(backend, trick))
+    result = grade_workspace(task, ws, config)
     assert result.status == "ok", result.reason
     assert result.score == HONEST, (trick, result.summary())
     assert result.passed == 1 and result.collected == 4
@@ -142,7 +155,8 @@ def test_extra_passing_tests_do_not_count(calc_task, partial_ws, tmp_path):
 @pytest.mark.parametrize("backend", ISOLATING)
 def test_planted_copy_of_hidden_file_is_overwritten(backend, calc_task, partial_ws):
     write_tree(partial_ws, {"tests/test_calc.py": "def test_add():\n    pass\n" * 1})
-    result = grade_workspace(calc_task, partial_ws, GradingConfig(backend=backend))
+    config = GradingConfig(backend=backend, pytest_plugins=plugins_for(backend))
+    result = grade_workspace(calc_task, partial_ws, config)
     assert (result.score, result.collected) == (HONEST, 4)
 
 
@@ -192,7 +206,8 @@ def test_trick_needing_privileges_cannot_change_the_hidden_result(
     trick, backend, calc_pip_task, partial_ws
 ):
     write_tree(partial_ws, PRIVILEGED_TRICKS[trick])
-    result = grade_workspace(calc_pip_task, partial_ws, GradingConfig(backend=backend))
+    config = GradingConfig(backend=backend, pytest_plugins=plugins_for(backend))
+    result = grade_workspace(calc_pip_task, partial_ws, config)
     assert result.privilege_drop, f"the {backend} evaluator must drop privileges"
     assert result.status == "ok", result.reason
     assert (result.score, result.collected) == (HONEST, 4), result.summary()
