@@ -27,7 +27,7 @@ def _simulate(args) -> int:
     from gyre_env._optional import MissingExtraError
     from gyre_env.config import ConfigError
     from gyre_env.sim.compare import compare
-    from gyre_env.sim.config import load_sim_config
+    from gyre_env.sim.config import check_run_length, load_sim_config
     from gyre_env.sim.report import headline, write_report
 
     try:
@@ -36,6 +36,11 @@ def _simulate(args) -> int:
         print(f"gyre simulate: {e}", file=sys.stderr)
         return 2
     if args.duration is not None:
+        try:
+            check_run_length(args.duration)
+        except ValueError as e:
+            print(f"gyre simulate: --duration: {e}", file=sys.stderr)
+            return 2
         cfg.duration_s = args.duration
 
     def progress(what: str) -> None:
@@ -43,6 +48,13 @@ def _simulate(args) -> int:
 
     comp = compare(cfg, sweeps=not args.no_sweeps, progress=progress)
     print(headline(cfg, comp))
+    if not any(r.steps for r in comp.results.values()):
+        print(
+            f"note: no policy finished a training step in {cfg.duration_s / 3600:.2f} simulated"
+            " h, so every throughput above is 0: the first batch"
+            f" ({cfg.training.groups_per_step} groups of {cfg.workload.group_size} episodes)"
+            " takes longer than that. Raise duration_s (or --duration)."
+        )
     try:
         json_path, html_path = write_report(cfg, comp, args.out)
     except MissingExtraError as e:  # the simulation is not lost for want of a plot

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,12 +59,34 @@ def test_simulate_small_example_writes_json_and_html(tmp_path, capsys):
     assert page.count("<img") >= 5 + 2 + 3  # Gantt per policy, two k sweeps, three sweeps
 
 
-def test_simulate_nl2repo_example_runs_with_a_tiny_budget(tmp_path):
+def test_simulate_nl2repo_example_runs_with_a_tiny_budget(tmp_path, capsys):
+    """Two simulated minutes finish no step: the run says why every throughput is 0."""
     out = tmp_path / "out"
     args = ["simulate", str(EXAMPLES / "simulate_nl2repo.toml"), "--out", str(out)]
     assert main([*args, "--duration", "120", "--no-sweeps"]) == 0
     data = json.loads((out / "simulation.json").read_text())
     assert data["policies"]["waterlevel"]["simulated_s"] == pytest.approx(120.0)
+    assert "note: no policy finished a training step in 0.03 simulated h" in capsys.readouterr().out
+
+
+def test_a_run_length_that_is_not_a_positive_time_is_refused_by_name(tmp_path, capsys):
+    cfg = tmp_path / "cfg.toml"
+    for text, message in [
+        ("duration_s = -5\n", "duration_s must be > 0 simulated seconds, got -5.0"),
+        ("decision_interval_s = 0\n", "decision_interval_s must be > 0"),
+        ("max_steps = 0\n", "max_steps must be >= 1 (or left out), got 0"),
+        ("[sweep]\nduration_s = 0\n", "sweep.duration_s must be > 0"),
+    ]:
+        cfg.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_sim_config(cfg)
+    cfg.write_text("")
+    args = ["simulate", str(cfg), "--out", str(tmp_path / "out"), "--no-sweeps"]
+    assert main([*args, "--duration", "0"]) == 2
+    assert (
+        "--duration: duration_s must be > 0 simulated seconds, got 0.0" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_import_stays_light():
