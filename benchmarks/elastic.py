@@ -10,7 +10,7 @@ throughput to the best peer's.
 
     python benchmarks/elastic.py [--steps 6] [--tool-delay 1.0] [--tool-jitter 0.5]
         [--groups-per-step 3] [--group-size 8] [--max-tokens 64] [--slots N] [--repeats 1]
-        [--changing-load]
+        [--changing-load] [--waterlevel NAME=VALUE ...]
 
 ``--changing-load`` (issue 37's mode; run it with ``--repeats 3``: the ratio of the median
 wall times, in one process): bursts of short tasks between stretches of long ones
@@ -47,7 +47,9 @@ def _policies(args):
         "colocated": ColocatedSyncPolicy,
         "static 1+1": lambda: StaticSplitPolicy(rollout_cells=1),
         "async 1+1": lambda: AsyncStalenessPolicy(rollout_cells=1),
-        "waterlevel": lambda: WaterlevelPolicy(max_batch_growth=args.max_batch_growth),
+        "waterlevel": lambda: WaterlevelPolicy(
+            **{"max_batch_growth": args.max_batch_growth, **dict(args.waterlevel_settings)}
+        ),
     }
 
 
@@ -186,6 +188,11 @@ def main(argv: list[str] | None = None) -> None:
         help="a load whose demand changes: bursts of one-turn tasks with short tools between "
         "stretches of long ones (twice the turns, tools 1.5x as long); see changing_phases",
     )  # fmt: skip
+    parser.add_argument(
+        "--waterlevel", action="append", default=[], metavar="NAME=VALUE",
+        help="a WaterlevelPolicy setting for its run (repeatable; the value read as TOML, "
+        "checked as a [policies.waterlevel] table is), e.g. admit_ahead_batches=1",
+    )  # fmt: skip
     parser.add_argument("--only", nargs="*", help="policy names to run")
     parser.add_argument(
         "--repeats", type=int, default=1,
@@ -198,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
         "(predict them with benchmarks/simulator_validation.py DIR/*)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    from waterlevel_nonstationary import waterlevel_settings  # this script's folder
+
+    args.waterlevel_settings = waterlevel_settings(args.waterlevel) or ()
     if args.slots is None:
         args.slots = (args.staleness + 2) * args.groups_per_step
 
@@ -219,6 +229,8 @@ def main(argv: list[str] | None = None) -> None:
                 for p in changing_phases(args)
             )
         )
+    if args.waterlevel_settings:
+        print("waterlevel: " + ", ".join(f"{k} = {v}" for k, v in args.waterlevel_settings))
     runs: list[dict[str, dict]] = []
     for repeat in range(args.repeats):
         if args.repeats > 1:
