@@ -325,19 +325,14 @@ class SimConfig:
     sweep: SweepConfig = field(default_factory=SweepConfig)
 
     def __post_init__(self) -> None:
-        check_run_length(self.duration_s)
+        if not self.duration_s > 0:
+            raise ConfigError(f"duration_s must be > 0 simulated seconds, got {self.duration_s}")
         if not self.decision_interval_s > 0:
             raise ConfigError(f"decision_interval_s must be > 0, got {self.decision_interval_s}")
         for name in ("max_steps", "max_groups"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1 (or left out), got {value}")
-
-
-def check_run_length(duration_s: float) -> None:
-    """``duration_s`` (a config's or ``gyre simulate --duration``'s) is a positive time."""
-    if not duration_s > 0:
-        raise ConfigError(f"duration_s must be > 0 simulated seconds, got {duration_s}")
 
 
 def load_sim_config(path: str | Path) -> SimConfig:
