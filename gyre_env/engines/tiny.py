@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
@@ -137,10 +138,19 @@ class TinyModelConfig:
     initializer_range: float = 0.3
     """Larger than usual so that the random model's next-token distribution is peaked:
     greedy decoding then has clear winners, not near-ties decided by rounding."""
+    words: tuple[str, ...] = ()
+    """Whole words the tokenizer keeps as single tokens, each with an embedding of its own
+    (see :func:`build_tokenizer`)."""
+
+    def __post_init__(self) -> None:
+        self.words = tuple(check_words(self.words))
 
     def fingerprint(self) -> str:
         """Hash of everything the model is built from: this config, corpus, template, recipe."""
-        blob = json.dumps(asdict(self), sort_keys=True) + _corpus_text() + CHAT_TEMPLATE
+        fields = asdict(self)
+        if not self.words:  # the models built before words existed keep their folders
+            del fields["words"]
+        blob = json.dumps(fields, sort_keys=True) + _corpus_text() + CHAT_TEMPLATE
         blob += f"recipe-{BUILD_RECIPE}"
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -186,11 +196,26 @@ def _corpus_text() -> str:
     return resources.files("gyre_env.engines").joinpath("tiny_corpus.txt").read_text("utf-8")
 
 
-def build_tokenizer(vocab_size: int = 4096):
+def check_words(words) -> list[str]:
+    """``words`` as a list, each checked to be one word of ASCII letters and digits (a
+    ValueError names the first that is not)."""
+    if isinstance(words, str):
+        raise ValueError(f"words must be a list of words, got the string {words!r}")
+    out = list(words)
+    for w in out:
+        if not isinstance(w, str) or not re.fullmatch(r"[A-Za-z0-9]+", w):
+            raise ValueError(f"words: {w!r} is not one word of ASCII letters and digits")
+    return out
+
+
+def build_tokenizer(vocab_size: int = 4096, words=()):
     """Train a byte-level BPE tokenizer on the built-in corpus; returns a ``tokenizers.Tokenizer``.
 
     Byte-level: every string is encodable, and characters missing from the learned merges
-    (most emoji, rare CJK) are split into several single-byte tokens.
+    (most emoji, rare CJK) are split into several single-byte tokens. ``words`` are added
+    whole, as tokens of their own (matched wherever they occur in the text, so a word that
+    is part of a longer one splits it): a model then gives each its own embedding, where
+    BPE would spell an unseen word out of pieces other words share.
     """
     tk = require("tokenizers", "the built-in tiny tokenizer")
     tokenizer = tk.Tokenizer(tk.models.BPE())
@@ -208,6 +233,8 @@ def build_tokenizer(vocab_size: int = 4096):
     tokenizer.train_from_iterator(lines, trainer=trainer)
     tokenizer.pre_tokenizer = _pre_tokenizer(tk, PRETOKENIZE_REGEX)  # what every reader uses
     tokenizer.add_tokens([tk.AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    words = [w for w in dict.fromkeys(check_words(words)) if tokenizer.token_to_id(w) is None]
+    tokenizer.add_tokens([tk.AddedToken(w, special=False, normalized=False) for w in words])
     return tokenizer
 
 
@@ -229,7 +256,7 @@ def build_tiny_model(folder: str | Path, config: TinyModelConfig | None = None) 
     folder.mkdir(parents=True, exist_ok=True)
 
     hf_tok = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=build_tokenizer(config.vocab_size),
+        tokenizer_object=build_tokenizer(config.vocab_size, config.words),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         model_max_length=config.context_length,

@@ -686,6 +686,17 @@ def _coined_words() -> dict[str, str]:
     return _made_up_words()[0]
 
 
+def made_up_words() -> tuple[str, ...]:
+    """Every made-up word of the nano phrasings (coined, decoy and vague), sorted: what a
+    tokenizer keeps whole for them (``model.words = "nano"`` of ``gyre train``)."""
+    coined, decoys, vague = _made_up_words()
+    words = set(coined.values())
+    for table in (decoys, vague):
+        for ws in table.values():
+            words.update(ws)
+    return tuple(sorted(words))
+
+
 @functools.cache
 def _made_up_words() -> tuple[
     dict[str, str], dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]

@@ -58,6 +58,21 @@ class ModelConfig:
     different seeds start from different weights as well as sample differently."""
     context_length: int = 4096
     """Context window of the engine and the training units (prompt + output tokens)."""
+    words: str | list[str] = field(default_factory=list)
+    """Whole words the built-in model's tokenizer keeps as single tokens, each with an
+    embedding of its own (BPE spells a word it never saw out of pieces other words share);
+    ``"nano"``: every made-up word of the nano tasks' phrasings. A ``path`` folder brings its
+    own tokenizer: these words do not change it."""
+
+    def word_list(self) -> tuple[str, ...]:
+        """``words`` resolved to the words themselves."""
+        if self.words == "nano":
+            from gyre_env.tasks.nano import made_up_words
+
+            return made_up_words()
+        if isinstance(self.words, str):
+            raise ConfigError(f'model.words must be a list of words or "nano", got {self.words!r}')
+        return tuple(self.words)
 
 
 @dataclass(kw_only=True)
@@ -562,6 +577,14 @@ class TrainConfig:
         except (TypeError, ValueError) as e:
             raise ConfigError(f"tasks.env_kwargs: {e}") from None
 
+    def _check_words(self) -> None:
+        from gyre_env.engines.tiny import check_words
+
+        try:
+            check_words(self.model.word_list())
+        except ValueError as e:
+            raise ConfigError(f"model.{e}") from None
+
     def validate(self) -> None:
         """Checks that need no I/O: ranges and the nested component configs."""
         optim_class(self.backend)  # a backend that is not one: refused by name
@@ -595,6 +618,7 @@ class TrainConfig:
         }.items():
             if value < 0:
                 raise ConfigError(f"{key} must be >= 0, got {value}")
+        self._check_words()
         share = self.tasks.rl_no_gold_share
         if share is not None and not 0 <= share <= 1:
             raise ConfigError(f"tasks.rl_no_gold_share must be in [0, 1], got {share}")

@@ -29,6 +29,7 @@ def prepare_model(cfg: TrainConfig) -> Path:
                 num_heads=m.num_heads,
                 num_kv_heads=m.num_kv_heads,
                 initializer_range=m.initializer_range,
+                words=m.word_list(),
             )
         )
     folder = Path(m.path).expanduser()

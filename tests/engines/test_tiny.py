@@ -156,3 +156,31 @@ def test_chat_template_without_tools_and_bad_role(tokenizer):
 def test_load_tokenizer_rejects_a_folder_without_one(tmp_path):
     with pytest.raises(FileNotFoundError, match="no tokenizer files"):
         load_tokenizer(tmp_path)
+
+
+def test_words_are_single_tokens_with_embeddings_of_their_own(tmp_path, tiny_path):
+    """``words``: an unseen word is one id (BPE spells it out of pieces other words share),
+    the same in prose and code, each with its own embedding row; the default model's folder
+    (its fingerprint) does not change with the option."""
+    import transformers
+
+    assert TinyModelConfig(words=()).fingerprint() == TinyModelConfig().fingerprint()
+    assert TinyModelConfig(words=["ranog"]).fingerprint() != TinyModelConfig().fingerprint()
+    plain = load_tokenizer(tiny_path)
+    assert len(plain("ranog")["input_ids"]) > 1  # spelled out of pieces without the option
+    folder = build_tiny_model(tmp_path / "words", TinyModelConfig(words=["ranog", "kipiv"]))
+    tok = load_tokenizer(folder)
+    ids = tok("the ranog of the string s, and kipiv(x) ranog")["input_ids"]
+    ranog, kipiv = tok.convert_tokens_to_ids(["ranog", "kipiv"])
+    assert ids.count(ranog) == 2 and ids.count(kipiv) == 1
+    assert tok.decode(ids) == "the ranog of the string s, and kipiv(x) ranog"
+    assert len(tok) == len(plain) + 2
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    emb = model.get_input_embeddings().weight
+    assert emb.shape[0] == len(tok) and not emb[ranog].equal(emb[kipiv])
+
+
+@pytest.mark.parametrize("words", ["ranog", ["two words"], [""], ["ok", 7]])
+def test_bad_words_are_refused_by_name(words):
+    with pytest.raises(ValueError, match="words"):
+        TinyModelConfig(words=words)

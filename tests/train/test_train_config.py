@@ -277,3 +277,24 @@ def test_elastic_flags_and_table_are_refused_by_name(tmp_path, runs, capsys):
     assert _main(str(plain), "--set", "elastic.cells='two'") == 2
     assert "elastic.cells must be int, got str 'two'" in capsys.readouterr().err
     assert runs == []
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        ('"nouns"', r'model.words must be a list of words or "nano", got \'nouns\''),
+        ('["two words"]', r"model.words: 'two words' is not one word"),
+    ],
+)
+def test_bad_model_words_are_refused_by_name(tmp_path, value, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(_file(tmp_path, BASE), overrides=[f"model.words={value}"])
+
+
+def test_model_words_nano_are_every_made_up_word(tmp_path):
+    from gyre_env.tasks.nano import _made_up_words, made_up_words
+
+    cfg = load_config(_file(tmp_path, BASE), overrides=['model.words="nano"'])
+    coined, decoys, vague = _made_up_words()
+    assert set(cfg.model.word_list()) >= set(coined.values()) | set(vague["list"])
+    assert len(set(made_up_words())) == len(made_up_words())
