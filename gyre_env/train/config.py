@@ -58,7 +58,7 @@ class ModelConfig:
     different seeds start from different weights as well as sample differently."""
     context_length: int = 4096
     """Context window of the engine and the training units (prompt + output tokens)."""
-    words: str | list[str] = field(default_factory=list)
+    words: list[str] | str = field(default_factory=list)
     """Whole words the built-in model's tokenizer keeps as single tokens, each with an
     embedding of its own (BPE spells a word it never saw out of pieces other words share);
     ``"nano"``: every made-up word of the nano tasks' phrasings. A ``path`` folder brings its
@@ -580,8 +580,9 @@ class TrainConfig:
     def _check_words(self) -> None:
         from gyre_env.engines.tiny import check_words
 
+        words = self.model.word_list()
         try:
-            check_words(self.model.word_list())
+            check_words(words)
         except ValueError as e:
             raise ConfigError(f"model.{e}") from None
 

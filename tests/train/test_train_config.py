@@ -284,6 +284,7 @@ def test_elastic_flags_and_table_are_refused_by_name(tmp_path, runs, capsys):
     [
         ('"nouns"', r'model.words must be a list of words or "nano", got \'nouns\''),
         ('["two words"]', r"model.words: 'two words' is not one word"),
+        ("[1]", r"model.words\[0\] must be str, got int 1"),
     ],
 )
 def test_bad_model_words_are_refused_by_name(tmp_path, value, match):
