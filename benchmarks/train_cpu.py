@@ -211,6 +211,7 @@ def run_control(seed: int, name: str, rl: Path, args) -> Path:
             group["lr"] = lr
         sched = state["trainer"]["scheduler"]
         sched["base_lrs"] = [lr] * len(sched["base_lrs"])
+        state["trainer"].pop("schedule", None)  # constant at that rate, whatever SFT's was
         torch.save(state, out / "checkpoints" / "ckpt.pt")
         cursor = json.dumps(state["cursor"])
         (out / "checkpoints" / "cursor.json").write_text(cursor, encoding="utf-8")
@@ -229,6 +230,7 @@ def _control_settings(name: str, rl: Path, cfg, a_steps: int | None = None) -> l
             "schedule.iterations=0",
             f"sft.steps={len(_rows(rl, 'sft')) + (a_steps or _sft_steps_in(rl))}",
             f"sft.lr={lr}",
+            'sft.lr_schedule="constant"',
         ]
     if name == "b_gold_only":
         return ["schedule.rl_updates=false"]

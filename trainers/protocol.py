@@ -90,9 +90,13 @@ class Trainer(Protocol):
         update, and the ratio's trust region stays centred there for every minibatch."""
         ...
 
-    def reset_optimizer(self, lr: float | None = None) -> None:
+    def reset_optimizer(
+        self, lr: float | None = None, *, cosine_steps: int = 0, min_lr: float = 0.0
+    ) -> None:
         """A fresh optimizer and warm-up at ``lr`` (default ``config.lr``): e.g. between
-        the SFT warm start and RL."""
+        the SFT warm start and RL. ``cosine_steps`` > 0: the rate then falls along a cosine
+        to ``min_lr`` over that many steps (``trainers.steps.lr_factor``), a schedule the
+        trainer's state keeps, so that a resumed run follows it."""
         ...
 
     def set_reference(self) -> None:

@@ -28,6 +28,29 @@ class NonFiniteStepError(FloatingPointError):
     """Training diverged: the loss or gradient norm was inf/NaN in too many steps in a row."""
 
 
+def lr_factor(step: int, warmup: int = 0, cosine_steps: int = 0, floor: float = 1.0) -> float:
+    """The learning rate's multiplier at optimizer step ``step`` (from 0): a linear warm-up
+    over ``warmup`` steps, times, when ``cosine_steps`` > 0, a cosine from 1 down to
+    ``floor`` over that many steps (``floor`` after them)."""
+    factor = min(1.0, (step + 1) / warmup) if warmup else 1.0
+    if cosine_steps > 0:
+        t = min(step, cosine_steps) / cosine_steps
+        factor *= floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+    return factor
+
+
+def lr_schedule(warmup: int, lr: float, cosine_steps: int = 0, min_lr: float = 0.0) -> dict:
+    """:func:`lr_factor`'s keywords for a rate ``lr`` that falls along a cosine to ``min_lr``
+    over ``cosine_steps`` (0: constant after the warm-up); checked."""
+    if cosine_steps < 0 or not 0 <= min_lr <= lr:
+        raise ValueError(
+            f"a cosine schedule needs cosine_steps >= 0 and 0 <= min_lr <= lr, got "
+            f"cosine_steps={cosine_steps}, min_lr={min_lr}, lr={lr}"
+        )
+    floor = min_lr / lr if cosine_steps else 1.0
+    return {"warmup": int(warmup), "cosine_steps": int(cosine_steps), "floor": floor}
+
+
 def finite_step(trainer, grad_norm: float, lr: float, loss: float = 0.0) -> bool:
     """Whether an optimizer step may be taken. A non-finite loss or gradient norm (one
     overflow, or a diverged run) would write NaN into every weight and, through a weight

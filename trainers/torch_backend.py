@@ -28,6 +28,8 @@ from gyre_env.trainers.steps import (
     accumulate,
     cpu_threads,
     finite_step,
+    lr_factor,
+    lr_schedule,
     proximal_for,
     set_proximal,
     share_batch,
@@ -123,19 +125,23 @@ class TorchTrainer:
         self._stash = None  # host buffers of the state a CUDA switch moves (HostStash)
         self._nonfinite_steps = 0
 
-    def reset_optimizer(self, lr: float | None = None) -> None:
+    def reset_optimizer(
+        self, lr: float | None = None, *, cosine_steps: int = 0, min_lr: float = 0.0
+    ) -> None:
         """A fresh AdamW (and warm-up) at ``lr`` (default ``config.lr``): e.g. between
-        the SFT warm start and RL."""
+        the SFT warm start and RL; see ``Trainer.reset_optimizer``."""
+        lr = lr if lr is not None else self.config.lr
+        schedule = lr_schedule(self.config.warmup_steps, lr, cosine_steps, min_lr)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
-            lr=lr if lr is not None else self.config.lr,
+            lr=lr,
             betas=self.config.betas,
             eps=self.config.eps,
             weight_decay=self.config.weight_decay,
         )
-        warm = self.config.warmup_steps
+        self._schedule = schedule  # read at every step: a loaded state replaces it
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warm) if warm else 1.0
+            self.optimizer, lambda step: lr_factor(step, **self._schedule)
         )
 
     # ---- protocol -------------------------------------------------------------------
@@ -290,6 +296,7 @@ class TorchTrainer:
             "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "scheduler": self.scheduler.state_dict(),
+            "schedule": dict(self._schedule),
             "version": self._version,
             "reference": None if self.reference is None else self.reference.state_dict(),
         }
@@ -298,6 +305,8 @@ class TorchTrainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        # (a state saved before schedules were kept ran at a constant rate after warm-up)
+        self._schedule = state.get("schedule", lr_schedule(self.config.warmup_steps, 1.0))
         self._version = int(state["version"])
         if state.get("reference") is not None:
             if self.reference is None:

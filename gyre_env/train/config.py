@@ -130,6 +130,11 @@ class SFTConfig:
     """Episodes per SFT step."""
     lr: float = 1e-3
     """SFT learning rate (RL uses ``algorithm.optim.lr``)."""
+    lr_schedule: str = "constant"
+    """``"constant"`` after the warm-up, or ``"cosine"``: down to ``lr_min`` along a cosine
+    over the ``steps``."""
+    lr_min: float = 0.0
+    """Where the cosine schedule ends."""
     max_seconds: float | None = None
     """Stop SFT after this much training time even if steps remain (None: no limit). The
     learning benchmark's control continues SFT for as long as RL ran."""
@@ -620,6 +625,14 @@ class TrainConfig:
             if value < 0:
                 raise ConfigError(f"{key} must be >= 0, got {value}")
         self._check_words()
+        if self.sft.lr_schedule not in ("constant", "cosine"):
+            raise ConfigError(
+                f'sft.lr_schedule must be "constant" or "cosine", got {self.sft.lr_schedule!r}'
+            )
+        if not 0 <= self.sft.lr_min <= self.sft.lr:
+            raise ConfigError(
+                f"sft.lr_min must be in [0, sft.lr = {self.sft.lr}], got {self.sft.lr_min}"
+            )
         share = self.tasks.rl_no_gold_share
         if share is not None and not 0 <= share <= 1:
             raise ConfigError(f"tasks.rl_no_gold_share must be in [0, 1], got {share}")

@@ -176,7 +176,8 @@ class TrainRun:
                 self.cursor.phase = "rl"  # a finished run resumed with more iterations
             self.evals = read_evals(self.out / "metrics.jsonl")
         elif cfg.sft.trajectories and cfg.sft.steps:
-            self.trainer.reset_optimizer(cfg.sft.lr)
+            cosine = cfg.sft.steps if cfg.sft.lr_schedule == "cosine" else 0
+            self.trainer.reset_optimizer(cfg.sft.lr, cosine_steps=cosine, min_lr=cfg.sft.lr_min)
         self.logger = metrics_logger(cfg, resume=self.resume)
         self.engines = rollout_engines(cfg, self.model_dir, engine_names(cfg))
         self.service = model_service(cfg, self.tokenizer, self.store, self.engines)

@@ -40,17 +40,23 @@ def _rows(out, kind):
 def test_a_run_writes_its_outputs_and_pushes_versioned_weights(tmp_path):
     """Random eval -> SFT on gold replays -> 2 GRPO iterations -> eval; the store groups
     each task's attempts; checkpoints, TensorBoard events, the report, an exported model."""
+    from gyre_env.trainers.steps import lr_factor
+
     from gyre_env.train import train
     from gyre_env.trajectory.store import TrajectoryStore
 
     cfg = _cfg(tmp_path, "sft.trajectories=4", "sft.steps=3", "sft.batch_size=4",
                "schedule.iterations=2", "schedule.eval_every=2", "rollout.min_p=0.05",
-               "sft.steps_per_iteration=0")  # gold steps: their own test below  # fmt: skip
+               "sft.steps_per_iteration=0",  # gold steps: their own test below
+               'sft.lr_schedule="cosine"', "sft.lr_min=2e-4")  # fmt: skip
     summary = train(cfg)
     out = cfg.out_dir
     assert not summary.interrupted
     assert [e["phase"] for e in summary.evals] == ["random", "sft", "rl"]
     assert len(_rows(out, "sft")) == 3 and len(_rows(out, "iteration")) == 2
+    warm, lr = cfg.optim_config().warmup_steps, cfg.sft.lr
+    want = [lr * lr_factor(s, warmup=warm, cosine_steps=3, floor=2e-4 / lr) for s in range(3)]
+    assert [r["lr"] for r in _rows(out, "sft")] == pytest.approx(want)
     assert [r["step"] for r in _rows(out, "rl")] == [4, 5, 6, 7]  # 2 per iteration
     for name in ("report.html", "checkpoints/ckpt.pt", "model/config.json", "episodes.jsonl"):
         assert (out / name).is_file(), name
@@ -209,6 +215,10 @@ def test_bad_configs_are_refused_naming_the_key(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match=r"sft.steps_per_iteration must be >= 0, got -1"):
         apply_overrides(TrainConfig(), ["sft.steps_per_iteration=-1"])
+    with pytest.raises(ConfigError, match=r'sft.lr_schedule must be "constant" or "cosine"'):
+        apply_overrides(TrainConfig(), ['sft.lr_schedule="linear"'])
+    with pytest.raises(ConfigError, match=r"sft.lr_min must be in \[0, sft.lr = 0.001\], got 0.01"):
+        apply_overrides(TrainConfig(), ["sft.lr_min=1e-2"])
     gold = apply_overrides(TrainConfig(), ["sft.steps_per_iteration=4"])
     assert gold.gold_steps_per_iteration() == 4
     assert apply_overrides(gold, ["sft.trajectories=0"]).gold_steps_per_iteration() == 0  # no gold

@@ -234,6 +234,20 @@ def test_three_train_steps_equal_the_torch_backend(megatron_world, model_dir, lo
     assert moved > 10 * TOL and meg.version == 3  # the steps did change the weights
 
 
+def test_a_cosine_schedule_takes_the_torch_backends_rates(megatron_world, model_dir):
+    rng = np.random.default_rng(3)
+    batches = [_batch(_group(rng), kind="sft") for _ in range(4)]
+    ref, meg = _trainers(model_dir, LossConfig())
+    for t in (ref, meg):
+        t.reset_optimizer(3e-3, cosine_steps=3, min_lr=3e-4)
+    got = [(ref.train_step(b)["lr"], meg.train_step(b)["lr"]) for b in batches]
+    assert [m for _, m in got] == pytest.approx([r for r, _ in got], rel=1e-12)
+    assert got[-1][1] == pytest.approx(3e-4) and got[1][1] > got[2][1] > got[3][1]
+    again = _trainers(model_dir, LossConfig())[1]
+    again.load_state_dict(meg.state_dict())  # the schedule travels with the state
+    assert again.train_step(batches[0])["lr"] == pytest.approx(3e-4)
+
+
 @pytest.mark.parametrize(
     "loss", [LossConfig(policy_loss="decoupled", entropy_coef=0.01, kl_coef=0.1), None]
 )

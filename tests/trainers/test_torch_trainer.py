@@ -351,3 +351,35 @@ def test_a_switch_moves_the_trainer_state_through_host_buffers_kept_for_the_next
         still.train_step(batches[1 + round_trip])
         for (n, x), (_, y) in zip(moved.named_parameters(), still.named_parameters(), strict=True):
             assert torch.equal(x, y), n
+
+
+def test_a_cosine_schedule_falls_to_its_floor_and_a_resumed_trainer_follows_it(model_dir):
+    """``reset_optimizer(cosine_steps=, min_lr=)``: warm-up, then a cosine down to
+    ``min_lr``, kept in the trainer's state, so that a trainer loaded from it mid-way
+    follows the same rates; a state saved before schedules were kept runs constant."""
+    from gyre_env.trainers.steps import lr_factor
+
+    trees = _group(np.random.default_rng(5))
+    cfg = TorchTrainerConfig(lr=1e-3, warmup_steps=2)
+    a = TorchTrainer(model_dir, cfg)
+    a.reset_optimizer(1e-2, cosine_steps=6, min_lr=1e-3)
+
+    def lrs(trainer, n):
+        return [trainer.train_step(_batch(trees, kind="sft"))["lr"] for _ in range(n)]
+
+    first = lrs(a, 3)
+    saved = a.state_dict()
+    b = TorchTrainer(model_dir, cfg)  # its own optimizer: constant at cfg.lr
+    b.load_state_dict(saved)
+    rest = lrs(a, 5)
+    assert lrs(b, 5) == pytest.approx(rest, rel=1e-12)
+    want = [1e-2 * lr_factor(s, warmup=2, cosine_steps=6, floor=0.1) for s in range(8)]
+    assert first + rest == pytest.approx(want, rel=1e-9)
+    assert want[0] == pytest.approx(5e-3) and want[6:] == pytest.approx([1e-3, 1e-3])
+    assert all(x > y for x, y in zip(want[1:6], want[2:7], strict=True))  # falls all the way
+    old = {k: v for k, v in saved.items() if k != "schedule"}
+    c = TorchTrainer(model_dir, cfg)
+    c.load_state_dict(old)
+    assert lrs(c, 3)[1:] == pytest.approx([1e-2, 1e-2])  # (the first: the rate saved)
+    with pytest.raises(ValueError, match="min_lr"):
+        a.reset_optimizer(1e-3, cosine_steps=4, min_lr=2e-3)

@@ -35,6 +35,8 @@ from gyre_env.trainers.steps import (
     accumulate,
     cpu_threads,
     finite_step,
+    lr_factor,
+    lr_schedule,
     proximal_for,
     set_proximal,
     share_batch,
@@ -198,10 +200,14 @@ class MegatronTrainer:
         )
         return DDP(model.config, ddp_config, model)
 
-    def reset_optimizer(self, lr: float | None = None) -> None:
-        """A fresh optimizer (and warm-up) at ``lr`` (default ``config.lr``)."""
+    def reset_optimizer(
+        self, lr: float | None = None, *, cosine_steps: int = 0, min_lr: float = 0.0
+    ) -> None:
+        """A fresh optimizer (and warm-up) at ``lr`` (default ``config.lr``); see
+        ``Trainer.reset_optimizer``."""
         cfg = self.config
         lr = lr if lr is not None else cfg.lr
+        schedule = lr_schedule(cfg.warmup_steps, lr, cosine_steps, min_lr)
         if self.megatron_optimizer:
             self.optimizer = _megatron_optimizer(cfg, lr, self.ddp)
         else:
@@ -214,10 +220,10 @@ class MegatronTrainer:
             )
         self._base_lr = lr
         self._lr_step = 0
+        self._schedule = schedule
 
     def _lr(self) -> float:
-        warm = self.config.warmup_steps
-        return self._base_lr * (min(1.0, (self._lr_step + 1) / warm) if warm else 1.0)
+        return self._base_lr * lr_factor(self._lr_step, **self._schedule)
 
     # ---- protocol -------------------------------------------------------------------
     @property
@@ -390,7 +396,7 @@ class MegatronTrainer:
         return {
             "model": {k: _clone(v) for k, v in self.model.state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-            "lr": {"base": self._base_lr, "step": self._lr_step},
+            "lr": {"base": self._base_lr, "step": self._lr_step, "schedule": self._schedule},
             "version": self._version,
             "reference": None if self.reference is None else self.reference.state_dict(),
         }
@@ -399,6 +405,8 @@ class MegatronTrainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self._base_lr, self._lr_step = state["lr"]["base"], state["lr"]["step"]
+        # (a state saved before schedules were kept ran at a constant rate after warm-up)
+        self._schedule = state["lr"].get("schedule", lr_schedule(self.config.warmup_steps, 1.0))
         self._version = int(state["version"])
         if state.get("reference") is not None:
             if self.reference is None:
