@@ -396,7 +396,7 @@ class MegatronTrainer:
         return {
             "model": {k: _clone(v) for k, v in self.model.state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-            "lr": {"base": self._base_lr, "step": self._lr_step, "schedule": self._schedule},
+            "lr": {"base": self._base_lr, "step": self._lr_step, "schedule": dict(self._schedule)},
             "version": self._version,
             "reference": None if self.reference is None else self.reference.state_dict(),
         }
